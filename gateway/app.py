@@ -1,0 +1,191 @@
+"""The app factory: a Gateway owns the store, the upstream client and the metrics;
+the proxy and admin ASGI apps are views on it.
+
+`create_app(config, store=..., upstream=...)` is the seam tests use: pass a store to
+share it, or let the config's URL choose one. The proxy app's lifespan starts and
+closes the gateway; `cli run` drives both listeners from one gateway instead.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.types import Message, Receive, Scope, Send
+
+from gateway.config import Config
+from gateway.engine import Engine, Origin, Reply
+from gateway.errors import (
+    BadRequest,
+    GatewayError,
+    HeadersTooLarge,
+    NoRoute,
+    PayloadTooLarge,
+    ProblemError,
+)
+from gateway.keys import RequestParts
+from gateway.metrics import Metrics
+from gateway.routes import Router
+from gateway.store import open_store
+from gateway.store.base import Store
+from gateway.upstream import Upstream
+
+log = logging.getLogger("gateway")
+
+
+class Gateway:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        store: Store | None = None,
+        upstream: Upstream | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store if store is not None else open_store(config.store)
+        self.upstream = upstream if upstream is not None else Upstream()
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.router = Router(config.routes)
+        self.engine = Engine(config, self.store, self.upstream, self.metrics)
+        self.started = False
+
+    async def start(self) -> None:
+        await self.store.start()
+        await self.upstream.start()
+        self.started = True
+
+    async def close(self) -> None:
+        self.started = False
+        await self.upstream.close()
+        await self.store.close()
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class ProxyApp:
+    """The listener schedulers call. Plain ASGI: it sits on every request's path."""
+
+    def __init__(self, gateway: Gateway, *, lifespan: bool = True) -> None:
+        self.gateway = gateway
+        self._lifespan = lifespan
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan_events(receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gateway = self.gateway
+        route_name: str | None = None
+        try:
+            match = gateway.router.match(scope["method"], scope["path"])
+            if match is None:
+                raise NoRoute(f"No route for {scope['method']} {scope['path']}.")
+            route = match.route
+            route_name = route.name
+            headers = _headers(scope, gateway.config.server.max_header_bytes)
+            body = await _read_body(receive, headers, route.max_request_body)
+            parts = RequestParts(
+                method=scope["method"],
+                path=scope["path"],
+                query=scope["query_string"].decode("latin-1"),
+                headers=headers,
+                body=body,
+                params=match.params,
+            )
+            client = scope.get("client")
+            origin = Origin(client[0] if client else None, scope.get("scheme", "http"))
+            reply = await gateway.engine.handle(match, parts, origin)
+        except ProblemError as exc:
+            if exc.route is None:
+                exc.route = route_name
+            status, raw, payload = exc.render()
+            await _send(send, status, raw, payload)
+            return
+        except GatewayError:
+            log.exception("gateway error")
+            status, raw, payload = ProblemError(route=route_name).render()
+            await _send(send, status, raw, payload)
+            return
+        await _send_reply(send, reply)
+
+    async def _lifespan_events(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    if self._lifespan:
+                        await self.gateway.start()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._lifespan:
+                    await self.gateway.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def create_app(
+    config: Config,
+    *,
+    store: Store | None = None,
+    upstream: Upstream | None = None,
+    metrics: Metrics | None = None,
+) -> ProxyApp:
+    return ProxyApp(Gateway(config, store=store, upstream=upstream, metrics=metrics))
+
+
+def _headers(scope: Scope, limit: int) -> list[tuple[str, str]]:
+    raw: list[tuple[bytes, bytes]] = scope["headers"]
+    size = 0
+    out: list[tuple[str, str]] = []
+    for name, value in raw:
+        size += len(name) + len(value)
+        out.append((name.decode("latin-1").lower(), value.decode("latin-1")))
+    if size > limit:
+        raise HeadersTooLarge(f"The request headers are {size} bytes; the limit is {limit}.")
+    return out
+
+
+async def _read_body(receive: Receive, headers: list[tuple[str, str]], limit: int) -> bytes:
+    declared = [v for n, v in headers if n == "content-length"]
+    if declared:
+        if len(set(declared)) > 1 or not declared[0].strip().isdigit():
+            raise BadRequest("The Content-Length header is not a single whole number.")
+        if any(n == "transfer-encoding" for n, _ in headers):
+            raise BadRequest("Content-Length and Transfer-Encoding must not be sent together.")
+        if int(declared[0]) > limit:
+            raise PayloadTooLarge(f"The body is {declared[0]} bytes; this route accepts {limit}.")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"The body is over {limit} bytes, the limit of this route.")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def _send(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_reply(send: Send, reply: Reply) -> None:
+    headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in reply.headers]
+    headers.append((b"content-length", str(len(reply.body)).encode()))
+    await _send(send, reply.status, headers, reply.body)

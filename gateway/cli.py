@@ -1,0 +1,167 @@
+"""The `idempotency-gateway` command (also `python -m gateway`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from datetime import UTC, datetime
+from urllib.parse import urlsplit
+
+from gateway.config import Config, describe, load_config
+from gateway.errors import ConfigError, ProblemError
+
+log = logging.getLogger("gateway")
+
+
+def _setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+
+def _config_path(args: argparse.Namespace) -> str:
+    path = args.config or os.environ.get("GATEWAY_CONFIG")
+    if not path:
+        raise SystemExit("error: give --config FILE or set GATEWAY_CONFIG")
+    return str(path)
+
+
+def _load(path: str) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"{exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _run_loop(main: object) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(main)  # type: ignore[arg-type]
+    except ImportError:
+        asyncio.run(main)  # type: ignore[arg-type]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from gateway.serve import serve
+
+    config = _load(_config_path(args))
+    _setup_logging(args.log_level)
+    _run_loop(serve(config))
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    config = _load(args.file)
+    print(describe(config))
+    print(f"\n{args.file}: OK, {len(config.routes)} route(s)")
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from gateway.keys import RequestParts, extract_key, fingerprint, record_digest, scope_value
+    from gateway.routes import Router
+
+    config = _load(_config_path(args))
+    url = urlsplit(args.url)
+    path = url.path or "/"
+    method = args.method.upper()
+    match = Router(config.routes).match(method, path)
+    if match is None:
+        print(f"no route matches {method} {path}: the gateway answers 404")
+        return 1
+    route = match.route
+    print(f"route:       {route.name} (upstream {route.upstream})")
+    if match.params:
+        print(f"params:      {match.params}")
+    headers: list[tuple[str, str]] = []
+    for item in args.header:
+        name, sep, value = item.partition(":")
+        if not sep:
+            raise SystemExit(f"error: -H {item!r}: write 'Name: value'")
+        headers.append((name.strip().lower(), value.strip()))
+    body = (args.data or "").encode()
+    parts = RequestParts(method, path, url.query, headers, body, match.params)
+    if route.key is None:
+        print("key:         none: the route has no key, requests pass through")
+        return 0
+    try:
+        key = extract_key(route.key, parts, datetime.now(UTC))
+    except ProblemError as exc:
+        print(f"key:         none: {exc.status} {exc.title}: {exc.detail}")
+        return 1
+    if key is None:
+        sources = ", ".join(f"{s.kind} {s.name}".strip() for s in route.key.sources)
+        if route.key.on_missing == "reject":
+            print(
+                f"key:         none found in: {sources}; the gateway answers 400 (on_missing: reject)"
+            )
+        else:
+            print(
+                f"key:         none found in: {sources}; forwarded without dedupe (on_missing: forward)"
+            )
+        return 1
+    scope = scope_value(route.key, parts)
+    print(f"key:         {key}")
+    if scope:
+        print(f"scope:       {scope[:16]}... (hash of {', '.join(route.key.scope)})")
+    fp = fingerprint(route.fingerprint, parts)
+    print(f"fingerprint: {fp or 'none'}" + (f" (of {', '.join(route.fingerprint)})" if fp else ""))
+    print(f"record:      {record_digest(route.name, scope, key)}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gateway.demo import run_demo
+
+    _setup_logging("INFO")
+    _run_loop(run_demo(args.port, args.admin_port, args.job_port))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="idempotency-gateway",
+        description="A reverse proxy that makes scheduled and retried HTTP jobs safe to run twice.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="serve the proxy and admin listeners")
+    run.add_argument("--config", help="config file (default: $GATEWAY_CONFIG)")
+    run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    run.set_defaults(func=cmd_run)
+
+    check = sub.add_parser("check-config", help="validate a config and print its routes")
+    check.add_argument("file")
+    check.set_defaults(func=cmd_check_config)
+
+    explain = sub.add_parser("explain", help="dry run: which route, key and fingerprint")
+    explain.add_argument("--config", help="config file (default: $GATEWAY_CONFIG)")
+    explain.add_argument("method")
+    explain.add_argument("url", help="a URL or a path, e.g. /jobs/send-reminder?run=1")
+    explain.add_argument("-H", "--header", action="append", default=[], help="'Name: value'")
+    explain.add_argument("-d", "--data", help="the request body")
+    explain.set_defaults(func=cmd_explain)
+
+    demo = sub.add_parser("demo", help="an example job endpoint behind the gateway, no Redis")
+    demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--admin-port", type=int, default=9090)
+    demo.add_argument("--job-port", type=int, default=5000)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

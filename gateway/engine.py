@@ -1,0 +1,389 @@
+"""The engine: the only place that decides claim, forward, complete, release, unresolved.
+
+One request on a keyed route:
+
+    claim ──free──> forward ──cached status──> complete ──> the response
+      │                 ├──other status───────> release  ──> the response (retry runs)
+      │                 ├──NotSent────────────> release  ──> 502
+      │                 └──OutcomeLost────────> unresolved (or release, per route) ──> 504
+      ├──completed──> replay (422 if the fingerprint differs)
+      ├──in_flight──> wait for the change, then look again (or 409)
+      └──unresolved, parked, claimed──> 409
+
+The forward runs in a task of its own, shielded from the caller: a caller that hangs
+up does not cancel it, so the response is still stored and the retry gets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from urllib.parse import quote
+
+from gateway.config import Config, Route
+from gateway.errors import (
+    FingerprintMismatch,
+    KeyConflict,
+    MissingKey,
+    NotSent,
+    OutcomeLost,
+    OutcomePending,
+    OutcomeUnknown,
+    ProblemError,
+    StoreError,
+    StoreUnavailable,
+    UpstreamFailed,
+)
+from gateway.keys import RequestParts, extract_key, fingerprint, record_digest, scope_value
+from gateway.metrics import Metrics
+from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredResponse
+from gateway.routes import RouteMatch
+from gateway.store.base import Store
+from gateway.upstream import Upstream, UpstreamResponse, forwarded_headers
+
+log = logging.getLogger("gateway.engine")
+
+#: Headers a stored response never keeps: per-caller state must not be replayed.
+NEVER_STORED = frozenset({"set-cookie", "set-cookie2"})
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where the request came from, for X-Forwarded-*."""
+
+    client: str | None
+    scheme: str
+
+
+@dataclass(slots=True)
+class _LocalRun:
+    """A forward this process is running: same-process duplicates wait on it
+    without touching the store."""
+
+    fingerprint: str
+    done: asyncio.Future[StoredResponse | None]
+
+
+class Engine:
+    def __init__(self, config: Config, store: Store, upstream: Upstream, metrics: Metrics) -> None:
+        self.config = config
+        self.store = store
+        self.upstream = upstream
+        self.metrics = metrics
+        self._local: dict[str, _LocalRun] = {}
+        self.tasks: set[asyncio.Task[Reply]] = set()
+        # The lease outlives the upstream deadline plus the store writes after it
+        # (each may retry once), so a live gateway always settles its own keys.
+        store_cfg = config.store
+        self._lease_margin = 4 * store_cfg.socket_timeout + 2 * store_cfg.connect_timeout + 1
+
+    async def drain(self, grace: float) -> None:
+        """Let forwards under way finish for up to `grace` seconds, then cancel the
+        rest, which marks them unresolved."""
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=grace)
+        pending = set(self.tasks)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.warning(
+                "%d forward(s) still running after %gs: marked unresolved", len(pending), grace
+            )
+            await asyncio.wait(pending)
+
+    def lease_for(self, route: Route) -> float:
+        return route.upstream_timeout + self._lease_margin
+
+    async def handle(self, match: RouteMatch, parts: RequestParts, origin: Origin) -> Reply:
+        route = match.route
+        if route.key is None:
+            self.metrics.count(route.name, "passthrough")
+            return await self._passthrough(route, parts, origin, None)
+        key = extract_key(route.key, parts, datetime.now(UTC))
+        if key is None:
+            if route.key.on_missing == "reject":
+                self.metrics.count(route.name, "missing_key")
+                raise MissingKey(_missing_detail(route), route=route.name)
+            self.metrics.count(route.name, "missing_key_forwarded")
+            return await self._passthrough(route, parts, origin, None)
+        ref = KeyRef(record_digest(route.name, scope_value(route.key, parts), key), route.name, key)
+        fp = fingerprint(route.fingerprint, parts)
+        try:
+            return await self._keyed(route, ref, fp, parts, origin)
+        except StoreError as exc:
+            if route.on_store_error == "fail_open":
+                log.warning("store failed, forwarding %s without dedupe: %s", route.name, exc)
+                self.metrics.count(route.name, "store_bypassed")
+                return await self._passthrough(route, parts, origin, key)
+            log.error("store failed on route %s: %s", route.name, exc)
+            self.metrics.count(route.name, "store_error")
+            raise StoreUnavailable(
+                "The gateway cannot record this key right now, so it did not forward the "
+                "request. Retry later.",
+                route=route.name,
+                key=key,
+                headers={"Retry-After": "1"},
+            ) from exc
+
+    async def _keyed(
+        self, route: Route, ref: KeyRef, fp: str, parts: RequestParts, origin: Origin
+    ) -> Reply:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + route.wait_timeout
+        waited = False
+        while True:
+            local = self._local.get(ref.digest)
+            if local is not None:
+                self._check_fingerprint(route, ref, local.fingerprint, fp)
+                if route.concurrent == "reject":
+                    raise self._conflict(route, ref, "in_flight")
+                remaining = give_up - loop.time()
+                if remaining <= 0:
+                    raise self._conflict(route, ref, "in_flight", waited=True)
+                waited = True
+                try:
+                    stored = await asyncio.wait_for(asyncio.shield(local.done), remaining)
+                except TimeoutError:
+                    raise self._conflict(route, ref, "in_flight", waited=True) from None
+                if stored is not None:
+                    return self._replay(route, stored, "waited")
+                continue  # released or unresolved: look at the store again
+            # Watch before reading, so a change between the read and the wait is seen.
+            with self.store.notifier.watch(ref.digest) as changed:
+                run_id = secrets.token_hex(8)
+                record = await self.store.claim(ref, run_id, fp, self.lease_for(route))
+                if record is None or (record.run_id == run_id and record.state is State.IN_FLIGHT):
+                    break
+                self._check_fingerprint(route, ref, record.fingerprint, fp)
+                if record.state is State.COMPLETED and record.response is not None:
+                    return self._replay(route, record.response, "waited" if waited else "replayed")
+                if record.state in OPEN_STATES:
+                    raise self._open_conflict(route, ref, record)
+                if route.concurrent == "reject":
+                    raise self._conflict(route, ref, "in_flight")
+                remaining = give_up - loop.time()
+                if remaining <= 0:
+                    raise self._conflict(route, ref, "in_flight", waited=True)
+                waited = True
+                await self.store.wait(ref, changed, remaining)
+        return await self._first(route, ref, run_id, fp, parts, origin)
+
+    async def _first(
+        self,
+        route: Route,
+        ref: KeyRef,
+        run_id: str,
+        fp: str,
+        parts: RequestParts,
+        origin: Origin,
+    ) -> Reply:
+        done: asyncio.Future[StoredResponse | None] = asyncio.get_running_loop().create_future()
+        self._local[ref.digest] = _LocalRun(fp, done)
+        task = asyncio.create_task(
+            self._forward_and_settle(route, ref, run_id, parts, origin, done)
+        )
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return await asyncio.shield(task)
+
+    async def _forward_and_settle(
+        self,
+        route: Route,
+        ref: KeyRef,
+        run_id: str,
+        parts: RequestParts,
+        origin: Origin,
+        done: asyncio.Future[StoredResponse | None],
+    ) -> Reply:
+        stored: StoredResponse | None = None
+        try:
+            try:
+                response = await self._forward(route, parts, origin, ref.key)
+            except asyncio.CancelledError:
+                # Only drain() cancels a forward: the gateway is shutting down with
+                # this request still out. Its outcome is unknown; say so now rather
+                # than leave it to the lease.
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()  # we handle it; later awaits must not see it
+                reason = "the gateway shut down before the upstream answered"
+                await self._settle(
+                    self.store.mark_unresolved(ref, run_id, reason), ref, "unresolved"
+                )
+                self.metrics.count(route.name, "unknown_outcome")
+                raise OutcomeUnknown(reason, route=route.name, key=ref.key) from None
+            except NotSent as exc:
+                await self._settle(self.store.release(ref, run_id), ref, "release")
+                self.metrics.count(route.name, "upstream_error")
+                raise UpstreamFailed(
+                    f"{exc.reason}. The key was released, so a retry runs the job.",
+                    route=route.name,
+                    key=ref.key,
+                ) from exc
+            except OutcomeLost as exc:
+                if route.on_unknown_outcome == "release":
+                    await self._settle(self.store.release(ref, run_id), ref, "release")
+                else:
+                    await self._settle(
+                        self.store.mark_unresolved(ref, run_id, exc.reason), ref, "unresolved"
+                    )
+                self.metrics.count(route.name, "unknown_outcome")
+                log.warning("outcome unknown on %s key %r: %s", route.name, ref.key, exc.reason)
+                raise OutcomeUnknown(
+                    f"{exc.reason}. The upstream may have done the work; the gateway will "
+                    "not resend it blind.",
+                    route=route.name,
+                    key=ref.key,
+                ) from exc
+            if response.status not in route.cache_statuses:
+                await self._settle(self.store.release(ref, run_id), ref, "release")
+                self.metrics.count(route.name, "upstream_error")
+                return Reply(response.status, response.headers, response.body)
+            stored = self._to_store(route, response)
+            await self._settle(
+                self.store.complete(ref, run_id, stored, route.response_ttl), ref, "complete"
+            )
+            self.metrics.count(route.name, "forwarded")
+            return Reply(response.status, response.headers, response.body)
+        finally:
+            self._local.pop(ref.digest, None)
+            if not done.done():
+                done.set_result(stored)
+
+    async def _settle(self, change: Awaitable[bool], ref: KeyRef, what: str) -> None:
+        """Record the outcome. If the store fails now, the record stays in flight and
+        its lease turns it unresolved later: a conservative state, never a lost one."""
+        try:
+            ok = await change
+        except StoreError as exc:
+            log.error(
+                "could not %s key %r (%s); its lease will expire into review", what, ref.key, exc
+            )
+            return
+        if not ok:
+            log.warning("could not %s key %r: another run or an operator holds it", what, ref.key)
+
+    async def _forward(
+        self, route: Route, parts: RequestParts, origin: Origin, key: str | None
+    ) -> UpstreamResponse:
+        headers = forwarded_headers(parts.headers, origin.client, origin.scheme)
+        if key is not None and route.forward_key_header:
+            name = route.forward_key_header.lower()
+            headers = [(n, v) for n, v in headers if n != name]
+            headers.append((route.forward_key_header, _header_safe(key)))
+        url = route.upstream + parts.path + ("?" + parts.query if parts.query else "")
+        gauge = self.metrics.in_flight.labels(route.name)
+        gauge.inc()
+        started = time.perf_counter()
+        try:
+            response = await self.upstream.forward(
+                parts.method, url, headers, parts.body, route.upstream_timeout
+            )
+        finally:
+            self.metrics.upstream_duration.labels(route.name).observe(time.perf_counter() - started)
+            gauge.dec()
+        if response.status < 500:
+            self.metrics.last_success.labels(route.name).set(time.time())
+        return response
+
+    async def _passthrough(
+        self, route: Route, parts: RequestParts, origin: Origin, key: str | None
+    ) -> Reply:
+        try:
+            response = await self._forward(route, parts, origin, key)
+        except NotSent as exc:
+            raise UpstreamFailed(exc.reason, route=route.name) from exc
+        except OutcomeLost as exc:
+            raise OutcomeUnknown(exc.reason, route=route.name) from exc
+        return Reply(response.status, response.headers, response.body)
+
+    def _to_store(self, route: Route, response: UpstreamResponse) -> StoredResponse:
+        headers = tuple(
+            (n, v)
+            for n, v in response.headers
+            if n not in NEVER_STORED and n not in route.strip_headers
+        )
+        if len(response.body) > route.max_stored_body:
+            return StoredResponse(response.status, headers, b"", body_omitted=True)
+        return StoredResponse(response.status, headers, response.body)
+
+    def _replay(self, route: Route, stored: StoredResponse, outcome: str) -> Reply:
+        self.metrics.count(route.name, outcome)
+        headers = [*stored.headers, ("idempotent-replayed", "true")]
+        if stored.body_omitted:
+            headers.append(("idempotent-body-omitted", "true"))
+            headers = [(n, v) for n, v in headers if n != "content-encoding"]
+        if stored.origin != "upstream":
+            headers.append(("idempotent-resolved-by", stored.origin))
+        return Reply(stored.status, tuple(headers), stored.body)
+
+    def _check_fingerprint(self, route: Route, ref: KeyRef, stored: str, fp: str) -> None:
+        if stored != fp:
+            self.metrics.count(route.name, "mismatch")
+            raise FingerprintMismatch(
+                "The first request with this key had a different method, path, query or "
+                "body. Use a new key for a different request.",
+                route=route.name,
+                key=ref.key,
+            )
+
+    def _conflict(
+        self, route: Route, ref: KeyRef, state: str, *, waited: bool = False
+    ) -> ProblemError:
+        self.metrics.count(route.name, "conflict")
+        detail = (
+            f"Waited {route.wait_timeout:g}s for the first request with this key to finish."
+            if waited
+            else "The first request with this key is still being processed."
+        )
+        return KeyConflict(
+            detail + " Retry later to get its response.",
+            route=route.name,
+            key=ref.key,
+            state=state,
+            headers={"Retry-After": str(max(1, round(min(route.upstream_timeout, 30))))},
+        )
+
+    def _open_conflict(self, route: Route, ref: KeyRef, record: Record) -> ProblemError:
+        self.metrics.count(route.name, "conflict")
+        what = {
+            State.UNRESOLVED: "The outcome of the first request with this key is unknown; "
+            "the gateway will not resend it until it is checked.",
+            State.PARKED: "The outcome of the first request with this key is unknown and "
+            "waits for an operator.",
+            State.CLAIMED: f"An operator ({record.holder}) is reviewing the first request "
+            "with this key.",
+        }[record.state]
+        return OutcomePending(
+            what,
+            route=route.name,
+            key=ref.key,
+            state=str(record.state),
+            headers={"Retry-After": "60"},
+        )
+
+
+def _missing_detail(route: Route) -> str:
+    assert route.key is not None
+    names = ", ".join(
+        f"{s.kind} {s.name}".strip() if s.kind != "hash" else "hash" for s in route.key.sources
+    )
+    return f"Route {route.name!r} reads its idempotency key from: {names}."
+
+
+def _header_safe(key: str) -> str:
+    if key.isascii() and key.isprintable():
+        return key
+    return quote(key, safe="")

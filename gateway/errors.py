@@ -1,0 +1,182 @@
+"""The gateway's errors.
+
+    GatewayError
+    ├── ConfigError            a config file is wrong; never reaches a request
+    ├── StoreError             the store could not be reached or answered badly
+    ├── UpstreamError          how a forward failed, classified once (upstream.py)
+    │   ├── NotSent            the request never left: safe to run again
+    │   └── OutcomeLost        it was sent and the answer was lost: never resend blind
+    └── ProblemError           answered to a caller as RFC 9457 problem+json
+        ├── BadRequest         400: the request cannot be keyed (malformed body, bad key)
+        ├── MissingKey         400: the route needs a key and the request has none
+        ├── NoRoute            404: no route matches
+        ├── PayloadTooLarge    413
+        ├── KeyConflict        409: the first request with the key is in flight
+        │   └── OutcomePending 409: its outcome is unknown (unresolved, parked, claimed)
+        ├── FingerprintMismatch 422: same key, different request
+        ├── UpstreamFailed     502: the upstream could not be reached (never sent)
+        ├── StoreUnavailable   503: the store is down and the route fails closed
+        └── OutcomeUnknown     504: the upstream timed out after the request was sent
+
+Each ProblemError knows its `type`, `title` and status, and renders itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+PROBLEM_BASE = "https://idempotency-gateway.dev/problems/"
+
+
+class GatewayError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigIssue:
+    path: str  # YAML path, e.g. routes[2].key.body ("" for the whole file)
+    message: str  # what is wrong and how to fix it
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class ConfigError(GatewayError):
+    def __init__(self, source: str, issues: list[ConfigIssue]) -> None:
+        self.source = source
+        self.issues = issues
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return "\n".join(f"{self.source}: {issue}" for issue in self.issues)
+
+
+class StoreError(GatewayError):
+    """A store operation failed; the driver's exception is the __cause__."""
+
+
+class UpstreamError(GatewayError):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class NotSent(UpstreamError):
+    """Connect refused or timed out, or no pooled connection in time."""
+
+
+class OutcomeLost(UpstreamError):
+    """Timed out, reset or broken after the request was (maybe) sent."""
+
+
+class ProblemError(GatewayError):
+    status: ClassVar[int] = 500
+    slug: ClassVar[str] = "internal"
+    title: ClassVar[str] = "The gateway failed"
+
+    def __init__(
+        self,
+        detail: str = "",
+        *,
+        route: str | None = None,
+        key: str | None = None,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(detail or self.title)
+        self.detail = detail
+        self.route = route
+        self.key = key
+        self.headers = headers or {}
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "type": PROBLEM_BASE + self.slug,
+            "title": self.title,
+            "status": self.status,
+        }
+        if self.detail:
+            doc["detail"] = self.detail
+        if self.route is not None:
+            doc["route"] = self.route
+        if self.key is not None:
+            doc["key"] = self.key
+        doc.update(self.extra)
+        return doc
+
+    def render(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        payload = json.dumps(self.body(), ensure_ascii=False).encode()
+        headers = [
+            (b"content-type", b"application/problem+json"),
+            (b"content-length", str(len(payload)).encode()),
+        ]
+        headers.extend((k.lower().encode(), v.encode()) for k, v in self.headers.items())
+        return self.status, headers, payload
+
+
+class BadRequest(ProblemError):
+    status = 400
+    slug = "bad-request"
+    title = "The request cannot be keyed"
+
+
+class MissingKey(ProblemError):
+    status = 400
+    slug = "missing-key"
+    title = "The request has no idempotency key"
+
+
+class NoRoute(ProblemError):
+    status = 404
+    slug = "no-route"
+    title = "No route matches this request"
+
+
+class PayloadTooLarge(ProblemError):
+    status = 413
+    slug = "payload-too-large"
+    title = "The request body is larger than this route accepts"
+
+
+class HeadersTooLarge(ProblemError):
+    status = 431
+    slug = "headers-too-large"
+    title = "The request headers are larger than the gateway accepts"
+
+
+class KeyConflict(ProblemError):
+    status = 409
+    slug = "conflict"
+    title = "A request with this key is already being processed"
+
+
+class OutcomePending(KeyConflict):
+    slug = "outcome-pending"
+    title = "The outcome of the first request with this key is unknown"
+
+
+class FingerprintMismatch(ProblemError):
+    status = 422
+    slug = "fingerprint-mismatch"
+    title = "This key was already used for a different request"
+
+
+class UpstreamFailed(ProblemError):
+    status = 502
+    slug = "upstream-unreachable"
+    title = "The upstream could not be reached; the request was not sent"
+
+
+class StoreUnavailable(ProblemError):
+    status = 503
+    slug = "store-unavailable"
+    title = "The idempotency store is unavailable; retry later"
+
+
+class OutcomeUnknown(ProblemError):
+    status = 504
+    slug = "outcome-unknown"
+    title = "The upstream did not answer in time; the outcome is unknown"

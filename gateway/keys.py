@@ -1,0 +1,363 @@
+"""Idempotency keys: where a request's key comes from, and how it is stored.
+
+`extract_key` turns a request into the caller's key (or None: the route's
+`on_missing` policy applies). `record_digest` turns (route, scope, key) into the
+fixed-size id the store uses, so user-chosen keys never reach a store key and
+keys full of `:`, `*` or `../` cannot reach another record.
+
+Everything here runs on every request: templates and JMESPath expressions are
+compiled once, the JSON body is parsed at most once per request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import date, datetime, time
+from functools import lru_cache
+from typing import Any
+from urllib.parse import parse_qs
+from zoneinfo import ZoneInfo
+
+import jmespath
+
+from gateway.config import KeySource, KeySpec, Period
+from gateway.errors import BadRequest
+
+MAX_JSON_DEPTH = 64
+_UNPARSED: Any = object()
+# Unicode category Cc is exactly C0, DEL and C1.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SF_STRING = re.compile(r'"((?:[^"\\]|\\["\\])*)"')
+_SF_ESCAPE = re.compile(r'\\(["\\])')
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_TEMPLATE_TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
+# Schedulers often send JSON without a JSON content type, so only media types
+# that cannot hold a JSON document are refused.
+_NON_JSON_TYPES = ("application/x-www-form-urlencoded", "application/xml", "text/xml")
+_NON_JSON_PREFIXES = ("multipart/", "image/", "audio/", "video/", "font/")
+_EPOCH = date(1970, 1, 1).toordinal()
+_EPOCH_MONDAY = date(1969, 12, 29).toordinal()  # Monday of ISO week 1970-W01
+
+
+@dataclass(slots=True)
+class RequestParts:
+    """The parts of a request keys are made from; parsed views are cached."""
+
+    method: str
+    path: str
+    query: str  # raw, still percent-encoded
+    headers: list[tuple[str, str]]  # lower-case names, repeats kept, in order
+    body: bytes
+    params: dict[str, str] = field(default_factory=dict)
+    _json: Any = field(default=_UNPARSED, init=False, repr=False, compare=False)
+    _headers: dict[str, list[str]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    _query: dict[str, list[str]] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.method = self.method.upper()
+
+    def header_values(self, name: str) -> list[str]:
+        if self._headers is None:
+            self._headers = {}
+            for key, value in self.headers:
+                self._headers.setdefault(key, []).append(value)
+        return self._headers.get(name.lower(), [])
+
+    def header(self, name: str) -> str | None:
+        values = self.header_values(name)
+        return ", ".join(values) if values else None
+
+    def query_value(self, name: str) -> str | None:
+        if self._query is None:
+            self._query = parse_qs(self.query, keep_blank_values=True)
+        values = self._query.get(name)
+        return values[0] if values else None
+
+    def json_body(self) -> Any:
+        """The body as JSON, parsed once; None for an empty body."""
+        if self._json is _UNPARSED:
+            self._json = _parse_json(self.body, self.header("content-type"))
+        return self._json
+
+
+def _parse_json(body: bytes, content_type: str | None) -> Any:
+    if content_type is not None:
+        media = content_type.split(";", 1)[0].strip().lower()
+        if media in _NON_JSON_TYPES or media.startswith(_NON_JSON_PREFIXES):
+            raise BadRequest(f"this route reads its key from a JSON body, but the body is {media}")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not valid UTF-8, so it cannot be JSON") from None
+    if not text.strip():
+        return None
+    # Checked before parsing: json.loads recurses per level and a hostile body
+    # could otherwise reach the interpreter's recursion limit.
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _depth(text) > MAX_JSON_DEPTH:
+        raise BadRequest(f"the JSON body is nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text, object_pairs_hook=_unique_object, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from None
+
+
+def _depth(text: str) -> int:
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    depth = deepest = 0
+    for char in brackets:
+        depth += 1 if char in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in obj:
+            # Parsers disagree on which duplicate wins, so the key would be ambiguous.
+            raise BadRequest(f"the JSON body has the field {name!r} more than once")
+        obj[name] = value
+    return obj
+
+
+def _no_constant(name: str) -> Any:
+    raise BadRequest(f"the JSON body contains {name}, which is not JSON")
+
+
+def _scalar_text(value: Any, what: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool | int | float):
+        return json.dumps(value)
+    raise BadRequest(f"{what} selects an object or array; select a string or number")
+
+
+@lru_cache(maxsize=512)
+def _jmespath(expression: str) -> Any:
+    return jmespath.compile(expression)
+
+
+@dataclass(frozen=True, slots=True)
+class _Placeholder:
+    kind: str  # period, method, path, header, query, body
+    arg: str = ""
+    compiled: Any = None
+
+
+@lru_cache(maxsize=512)
+def parse_template(text: str) -> tuple[str | _Placeholder, ...]:
+    """Compile a key template; raise ValueError when it is malformed."""
+    out: list[str | _Placeholder] = []
+    pos = 0
+    for m in _TEMPLATE_TOKEN.finditer(text):
+        out.append(text[pos : m.start()])
+        pos = m.end()
+        token = m.group(0)
+        if token in ("{{", "}}"):
+            out.append(token[0])
+        elif m.group(1) is None:
+            raise ValueError(f"template {text!r} has an unmatched {token!r}; write {token * 2}")
+        else:
+            out.append(_placeholder(m.group(1).strip(), text))
+    out.append(text[pos:])
+    return tuple(p for p in out if p != "")
+
+
+def _placeholder(inner: str, text: str) -> _Placeholder:
+    kind, _, arg = inner.partition(".")
+    if (kind in ("period", "method") and not arg) or kind == "path":
+        return _Placeholder(kind, arg)
+    if kind in ("header", "query") and arg:
+        return _Placeholder(kind, arg.lower() if kind == "header" else arg)
+    if kind == "body" and arg:
+        return _Placeholder(kind, arg, _jmespath(arg))
+    raise ValueError(
+        f"template {text!r} has an unknown placeholder {{{inner}}}; use {{period}}, "
+        "{method}, {path}, {path.<param>}, {header.<Name>}, {query.<name>} or {body.<expr>}"
+    )
+
+
+def _need_period(spec: KeySpec) -> Period:
+    if spec.period is None:
+        raise ValueError("a period key needs the key spec to define a period")
+    return spec.period
+
+
+def _render(spec: KeySpec, source: KeySource, parts: RequestParts, now: datetime) -> str | None:
+    pieces: list[str] = []
+    for piece in parse_template(source.name):
+        value: str | None
+        if isinstance(piece, str):
+            pieces.append(piece)
+            continue
+        if piece.kind == "period":
+            value = window_start(_need_period(spec), now)
+        elif piece.kind == "method":
+            value = parts.method
+        elif piece.kind == "path":
+            value = parts.params.get(piece.arg) if piece.arg else parts.path
+        elif piece.kind == "header":
+            value = parts.header(piece.arg)
+        elif piece.kind == "query":
+            value = parts.query_value(piece.arg)
+        else:
+            found = piece.compiled.search(parts.json_body())
+            value = _scalar_text(found, f"the template part {{body.{piece.arg}}}")
+        # A template with a hole would give unrelated requests the same key.
+        if value is None or not value.strip():
+            return None
+        pieces.append(value)
+    return "".join(pieces)
+
+
+def _header_key(source: KeySource, parts: RequestParts) -> str | None:
+    values = parts.header_values(source.name)
+    if len(values) > 1:
+        raise BadRequest(f"the {source.name} header was sent {len(values)} times; send it once")
+    if not values:
+        return None
+    value = values[0].strip()
+    if not value.startswith('"'):
+        return value
+    # The Idempotency-Key draft makes the value a structured-field string, so
+    # `"abc"` and a bare `abc` from a sloppier client must be the same key.
+    m = _SF_STRING.fullmatch(value)
+    if m is None:
+        raise BadRequest(
+            f'the {source.name} header is not a valid quoted string; escape only \\" and \\\\'
+        )
+    return _SF_ESCAPE.sub(r"\1", m.group(1))
+
+
+def _source_value(
+    spec: KeySpec, source: KeySource, parts: RequestParts, now: datetime
+) -> str | None:
+    if source.kind == "header":
+        return _header_key(source, parts)
+    if source.kind == "query":
+        return parts.query_value(source.name)
+    if source.kind == "body":
+        compiled = source.compiled if source.compiled is not None else _jmespath(source.name)
+        return _scalar_text(compiled.search(parts.json_body()), "the key expression")
+    if source.kind == "template":
+        return _render(spec, source, parts, now)
+    if source.kind == "hash":
+        return "sha256:" + _framed(source.parts, parts)
+    return window_start(_need_period(spec), now)
+
+
+def extract_key(spec: KeySpec, parts: RequestParts, now: datetime) -> str | None:
+    """The request's key from the first source that has one; None when none has."""
+    for source in spec.sources:
+        key = _source_value(spec, source, parts, now)
+        if key is None or not key.strip():
+            continue
+        if len(key) > spec.max_length:
+            raise BadRequest(
+                f"the idempotency key is {len(key)} characters; "
+                f"this route accepts at most {spec.max_length}"
+            )
+        if _CONTROL.search(key):
+            raise BadRequest("the idempotency key contains control characters")
+        return key
+    return None
+
+
+def window_start(period: Period, now: datetime) -> str:
+    """The start of the window holding `now`, as local text in period.timezone."""
+    if now.tzinfo is None:
+        raise ValueError("window_start needs an aware datetime")
+    zone = ZoneInfo(period.timezone)
+    local = now.astimezone(zone)
+    day = local.date()
+    if period.unit == "d":
+        days = day.toordinal() - _EPOCH
+        return date.fromordinal(_EPOCH + days - days % period.count).isoformat()
+    if period.unit == "w":
+        weeks = (day.toordinal() - _EPOCH_MONDAY) // 7
+        monday = date.fromordinal(_EPOCH_MONDAY + 7 * (weeks - weeks % period.count))
+        year, week, _ = monday.isocalendar()
+        return f"{year}-W{week:02d}"
+    if period.unit == "mo":
+        months = (day.year - 1970) * 12 + day.month - 1
+        months -= months % period.count
+        return f"{1970 + months // 12:04d}-{months % 12 + 1:02d}"
+    size = period.count * (60 if period.unit == "h" else 1)
+    minutes = local.hour * 60 + local.minute
+    minutes -= minutes % size
+    wall = datetime.combine(day, time(minutes // 60, minutes % 60), zone)
+    # The floored wall time can exist twice (fall back) or not at all (spring
+    # forward). The window starts at the latest instant <= now that carries that
+    # wall time (or, in a gap, at the transition), which keeps every window one
+    # contiguous stretch of real time and makes the text (with its UTC offset)
+    # name exactly one instant.
+    now_utc = now.timestamp()
+    starts = sorted({wall.replace(fold=f).timestamp() for f in (0, 1)})
+    start = max((s for s in starts if s <= now_utc), default=starts[0])
+    return datetime.fromtimestamp(start, zone).isoformat(timespec="minutes")
+
+
+def _part_bytes(name: str, parts: RequestParts) -> bytes | None:
+    if name == "method":
+        return parts.method.encode()
+    if name == "path":
+        return parts.path.encode()
+    if name == "query":
+        return parts.query.encode()
+    if name == "body":
+        return parts.body
+    kind, _, arg = name.partition(".")
+    if kind == "header" and arg:
+        value = parts.header(arg)
+        return None if value is None else value.encode()
+    if kind == "query" and arg:
+        value = parts.query_value(arg)
+        return None if value is None else value.encode()
+    raise ValueError(f"unknown request part {name!r}")
+
+
+def _frame(chunks: Iterable[bytes | None]) -> str:
+    # Each chunk is tagged present/absent and length-prefixed, so no two
+    # different sequences of chunks can feed the hash the same bytes.
+    h = hashlib.sha256()
+    for chunk in chunks:
+        if chunk is None:
+            h.update(b"\x00")
+        else:
+            h.update(b"\x01" + len(chunk).to_bytes(8, "big"))
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _framed(names: Iterable[str], parts: RequestParts) -> str:
+    return _frame(_part_bytes(name, parts) for name in names)
+
+
+def scope_value(spec: KeySpec, parts: RequestParts) -> str:
+    """A hash of the scope values: tenants get disjoint key spaces, secrets stay unstored."""
+    if not spec.scope:
+        return ""
+    # A missing scope value counts as empty, as documented for `scope`.
+    return _frame(_part_bytes(name, parts) or b"" for name in spec.scope)
+
+
+def fingerprint(fields: tuple[str, ...], parts: RequestParts) -> str:
+    """What the request was, so a reused key with a different request is caught."""
+    if not fields:
+        return ""
+    chunks: list[bytes | None] = []
+    for name in fields:
+        chunks += [name.encode(), _part_bytes(name, parts)]
+    return _frame(chunks)[:32]
+
+
+def record_digest(route_name: str, scope: str, key: str) -> str:
+    """The store's id for a record: fixed-size, and unique per (route, scope, key)."""
+    return _frame(s.encode() for s in (route_name, scope, key))[:32]

@@ -1,0 +1,64 @@
+"""Prometheus metrics, on a registry each gateway creates (so tests can build many)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+#: Every value the `outcome` label takes, so dashboards can rely on the set.
+OUTCOMES = (
+    "forwarded",  # first request for a key, response stored
+    "replayed",  # a stored response was replayed
+    "waited",  # waited for the first request, then got its response
+    "conflict",  # 409: in flight (reject or wait timed out), unresolved or parked
+    "mismatch",  # 422: same key, different request
+    "missing_key",  # 400: the route needs a key and the request had none
+    "missing_key_forwarded",  # no key, forwarded without dedupe (on_missing: forward)
+    "bad_request",  # 400/413/431: the request could not be keyed
+    "passthrough",  # a route without a key
+    "upstream_error",  # never sent (502), or a status not cached: the key was released
+    "unknown_outcome",  # sent, answer lost: 504, the key is unresolved
+    "store_error",  # 503: the store failed and the route fails closed
+    "store_bypassed",  # the store failed and the route fails open
+)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        prefix = "idempotency_gateway_"
+        self.requests = Counter(
+            prefix + "requests",
+            "Requests by route and what the gateway did with them.",
+            ["route", "outcome"],
+            registry=self.registry,
+        )
+        self.duplicates_suppressed = Counter(
+            prefix + "duplicates_suppressed",
+            "Repeats of a key that did not reach the upstream.",
+            ["route"],
+            registry=self.registry,
+        )
+        self.upstream_duration = Histogram(
+            prefix + "upstream_duration_seconds",
+            "Time to a complete upstream answer (or failure).",
+            ["route"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            prefix + "in_flight",
+            "Forwards under way in this process.",
+            ["route"],
+            registry=self.registry,
+        )
+        self.last_success = Gauge(
+            prefix + "last_success_timestamp_seconds",
+            "When the route's upstream last completed a request (unix time).",
+            ["route"],
+            registry=self.registry,
+        )
+
+    def count(self, route: str, outcome: str) -> None:
+        self.requests.labels(route, outcome).inc()
+        if outcome in ("replayed", "waited", "conflict"):
+            self.duplicates_suppressed.labels(route).inc()

@@ -1,0 +1,89 @@
+"""Route matching: which configured route a request belongs to.
+
+Routes are tried in config order and the first one whose methods and path match
+wins, exactly as a reader of the config file would expect. Exact paths are
+looked up in a dict, so a config with many fixed paths does not pay a regex per
+route per request; pattern routes are only tried when they come *before* the
+best exact hit, which keeps the order semantics intact.
+
+Patterns: `{name}` matches one path segment, `{name:path}` matches the rest of
+the path including slashes. Trailing slashes are significant.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gateway.config import Route
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::(path))?\}")
+
+
+@dataclass(frozen=True, slots=True)
+class RouteMatch:
+    route: Route
+    params: dict[str, str]
+
+
+def compile_path(pattern: str) -> re.Pattern[str]:
+    """Compile a path pattern to a regex; raise ValueError when it is malformed."""
+    parts: list[str] = []
+    names: set[str] = set()
+    pos = 0
+    for m in _PLACEHOLDER.finditer(pattern):
+        parts.append(_literal(pattern[pos : m.start()], pattern))
+        name = m.group(1)
+        if name in names:
+            raise ValueError(f"path {pattern!r} uses {{{name}}} twice")
+        names.add(name)
+        parts.append(f"(?P<{name}>.*)" if m.group(2) else f"(?P<{name}>[^/]+)")
+        pos = m.end()
+    parts.append(_literal(pattern[pos:], pattern))
+    return re.compile("".join(parts))
+
+
+def _literal(text: str, pattern: str) -> str:
+    # A brace left over after the placeholders were taken out is a typo such as
+    # `{name` or `{na-me}`; silently treating it as literal text would make the
+    # route never match.
+    if "{" in text or "}" in text:
+        raise ValueError(
+            f"path {pattern!r} has a malformed placeholder; use {{name}} or {{name:path}}"
+        )
+    return re.escape(text)
+
+
+def _allows(route: Route, method: str) -> bool:
+    return route.methods is None or method in route.methods
+
+
+class Router:
+    def __init__(self, routes: tuple[Route, ...]) -> None:
+        self._exact: dict[str, list[tuple[int, Route]]] = {}
+        self._patterns: list[tuple[int, Route, re.Pattern[str]]] = []
+        self._count = len(routes)
+        for index, route in enumerate(routes):
+            if "{" in route.path or "}" in route.path:
+                self._patterns.append((index, route, compile_path(route.path)))
+            else:
+                self._exact.setdefault(route.path, []).append((index, route))
+
+    def match(self, method: str, path: str) -> RouteMatch | None:
+        method = method.upper()
+        exact_index = self._count
+        exact: Route | None = None
+        for index, route in self._exact.get(path, ()):
+            if _allows(route, method):
+                exact_index, exact = index, route
+                break
+        # Only patterns declared before the exact hit can take precedence over it.
+        for index, route, regex in self._patterns:
+            if index > exact_index:
+                break
+            if not _allows(route, method):
+                continue
+            m = regex.fullmatch(path)
+            if m is not None:
+                return RouteMatch(route, m.groupdict())
+        return RouteMatch(exact, {}) if exact is not None else None

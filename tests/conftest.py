@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.app import Gateway, ProxyApp
+from gateway.config import Config, parse_config
+from gateway.store.base import Store
+from gateway.store.memory import MemoryStore
+from gateway.store.redis import RedisStore
+from tests.support.servers import Process, RedisServer, upstream_server
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def upstream() -> Iterator[Process]:
+    server = upstream_server()
+    server.start()
+    yield server
+    server.stop()
+
+
+def unique(prefix: str = "k") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def make_store(store_kind: str, request: pytest.FixtureRequest) -> Callable[[], Store]:
+    """Stores of the parametrised kind; Redis ones get a prefix of their own."""
+    prefix = unique("t") + ":"
+
+    def make() -> Store:
+        if store_kind == "memory":
+            return MemoryStore()
+        server: RedisServer = request.getfixturevalue("redis_server")
+        return RedisStore(server.url, prefix=prefix, socket_timeout=1.0, connect_timeout=1.0)
+
+    return make
+
+
+def config_for(upstream_url: str, routes: list[dict[str, Any]], **top: Any) -> Config:
+    """A Config from YAML-shaped dicts, every route pointing at `upstream_url`."""
+    data: dict[str, Any] = {
+        "routes": [{"upstream": upstream_url, **route} for route in routes],
+        **top,
+    }
+    return parse_config(data, "test-config")
+
+
+class GatewayClient:
+    """An in-process gateway (real store, real upstream) and an httpx client on it."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.http = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=ProxyApp(gateway, lifespan=False)),
+            base_url="http://gateway.test",
+            timeout=60,
+        )
+
+    async def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        return await self.http.post(path, **kwargs)
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return await self.http.request(method, path, **kwargs)
+
+
+@pytest.fixture
+async def gateway_for(
+    make_store: Callable[[], Store], upstream: Process
+) -> AsyncIterator[Callable[..., Any]]:
+    """`await gateway_for(routes, **top)` gives a started GatewayClient."""
+    opened: list[GatewayClient] = []
+
+    async def build(routes: list[dict[str, Any]], **top: Any) -> GatewayClient:
+        config = config_for(upstream.url, routes, **top)
+        gateway = Gateway(config, store=make_store())
+        await gateway.start()
+        client = GatewayClient(gateway)
+        opened.append(client)
+        return client
+
+    yield build
+    for client in opened:
+        await client.http.aclose()
+        await client.gateway.close()
+
+
+async def upstream_count(upstream: Process, key: str) -> int:
+    async with httpx.AsyncClient() as client:
+        response = await client.get(f"{upstream.url}/_count", params={"key": key})
+        return int(response.json()["count"])

@@ -1,0 +1,148 @@
+"""Real servers for tests: redis-server, the test upstream, gateway processes.
+
+Each is a child process of the test run, on a free loopback port, so a test can
+kill it, restart it, or send it a signal. Nothing here touches a Redis or port the
+tests did not start.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(
+    port: int, proc: subprocess.Popen[bytes] | None = None, timeout: float = 15
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+class Process:
+    """A child process on a port, with its output in a log file."""
+
+    def __init__(self, args: list[str], port: int, name: str, env: dict[str, str] | None = None):
+        self.args = args
+        self.port = port
+        self.name = name
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = Path(tempfile.mkdtemp(prefix=f"{name}-")) / "output.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait: bool = True) -> Process:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT
+        )
+        log.close()
+        if wait:
+            try:
+                wait_for_port(self.port, self.proc)
+            except Exception:
+                self.stop()
+                raise RuntimeError(f"{self.name} did not start:\n{self.output()}") from None
+        return self
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to clean up."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 10) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def redis_binary() -> str:
+    path = shutil.which("redis-server")
+    if path is None:
+        raise RuntimeError("redis-server is not on PATH: run scripts/setup, which installs it")
+    return path
+
+
+class RedisServer(Process):
+    """A redis-server of our own, no persistence unless asked, killable."""
+
+    def __init__(self, *extra: str) -> None:
+        port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="redis-")
+        args = [
+            redis_binary(),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self.dir,
+            *extra,
+        ]
+        super().__init__(args, port, "redis")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+def upstream_server() -> Process:
+    port = free_port()
+    return Process(
+        [sys.executable, str(ROOT / "tests" / "support" / "upstream_app.py"), str(port)],
+        port,
+        "upstream",
+    )
+
+
+def gateway_process(config_path: Path, port: int, env: dict[str, str] | None = None) -> Process:
+    return Process(
+        [sys.executable, "-m", "gateway", "run", "--config", str(config_path)],
+        port,
+        "gateway",
+        env=env,
+    )

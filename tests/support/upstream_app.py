@@ -1,0 +1,107 @@
+"""A job endpoint for tests, run under uvicorn in a process of its own.
+
+It counts how often each idempotency key reached it (the `Idempotency-Key` header
+the gateway forwards, else the body's `job_key`), and behaves as the request asks:
+
+    ?sleep=3.5        take that long (the counter moves first: the work "happened")
+    ?status=503       answer with that status
+    ?size=2000000     answer with a body of that many bytes
+    ?cookie=1         set a cookie
+    ?gzip=1           answer with a gzip-encoded body
+
+GET /_count?key=K         how often K ran
+GET /_status/{key}        the reconcile endpoint: what /_set_status said for this key
+POST /_set_status         {"key": K, "status": 200 | 404 | 500, "sleep": seconds}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+import sys
+from collections import Counter
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+counts: Counter[str] = Counter()
+statuses: dict[str, tuple[int, float]] = {}
+
+
+def _key(request: Request, body: bytes) -> str:
+    key = request.headers.get("idempotency-key")
+    if key:
+        return key
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return ""
+    return str(doc.get("job_key", "")) if isinstance(doc, dict) else ""
+
+
+async def job(request: Request) -> Response:
+    body = await request.body()
+    key = _key(request, body)
+    counts[key] += 1
+    run = counts[key]
+    q = request.query_params
+    if "sleep" in q:
+        await asyncio.sleep(float(q["sleep"]))
+    status = int(q.get("status", "200"))
+    if "gzip" in q:
+        data = gzip.compress(json.dumps({"key": key, "run": run}).encode())
+        return Response(data, headers={"content-encoding": "gzip", "x-run": str(run)})
+    if "size" in q:
+        return Response(b"x" * int(q["size"]), status_code=status, media_type="text/plain")
+    payload = {
+        "job": request.path_params.get("name", request.url.path),
+        "key": key,
+        "run": run,
+        "pid": os.getpid(),
+        "method": request.method,
+        "query": request.url.query,
+        "body": body.decode("utf-8", "replace"),
+        "headers": {k: v for k, v in request.headers.items()},
+    }
+    response = JSONResponse(payload, status_code=status)
+    if "cookie" in q:
+        response.set_cookie("session", f"secret-{run}")
+    response.headers["x-run"] = str(run)
+    return response
+
+
+async def count(request: Request) -> Response:
+    return JSONResponse({"count": counts[request.query_params["key"]]})
+
+
+async def set_status(request: Request) -> Response:
+    doc = await request.json()
+    statuses[doc["key"]] = (int(doc["status"]), float(doc.get("sleep", 0)))
+    return JSONResponse({"ok": True})
+
+
+async def status(request: Request) -> Response:
+    code, delay = statuses.get(request.path_params["key"], (404, 0.0))
+    if delay:
+        await asyncio.sleep(delay)
+    return JSONResponse({"key": request.path_params["key"], "status": code}, status_code=code)
+
+
+app = Starlette(
+    routes=[
+        Route("/_count", count),
+        Route("/_set_status", set_status, methods=["POST"]),
+        Route("/_status/{key:path}", status),
+        Route("/jobs/{name}", job, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
+        Route("/{rest:path}", job, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
+    ]
+)
+
+if __name__ == "__main__":
+    import uvicorn
+
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")

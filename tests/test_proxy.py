@@ -1,0 +1,408 @@
+"""The core semantics, on both stores: a real upstream process, the gateway in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.records import State
+from tests.conftest import GatewayClient, unique, upstream_count
+from tests.support.servers import Process, free_port
+
+pytestmark = pytest.mark.anyio
+
+Build = Callable[..., Any]
+
+REMINDER = {
+    "name": "send-reminder",
+    "match": {"methods": ["POST"], "path": "/jobs/send-reminder"},
+    "key": {"body": "job_key"},
+}
+
+
+def route(**overrides: Any) -> dict[str, Any]:
+    return {**REMINDER, **overrides}
+
+
+def problem(response: httpx.Response) -> dict[str, Any]:
+    assert response.headers["content-type"] == "application/problem+json"
+    doc: dict[str, Any] = response.json()
+    assert doc["type"].startswith("https://") and doc["title"] and doc["status"] == response.status_code
+    return doc
+
+
+async def metric(gw: GatewayClient, name: str, **labels: str) -> float:
+    value = gw.gateway.metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+async def test_first_request_forwarded_then_replayed(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route()])
+    key = unique()
+    body = {"job_key": key, "user_id": 42}
+    first = await gw.post("/jobs/send-reminder", json=body)
+    assert first.status_code == 200
+    assert "idempotent-replayed" not in first.headers
+    second = await gw.post("/jobs/send-reminder", json=body)
+    assert second.status_code == 200
+    assert second.headers["idempotent-replayed"] == "true"
+    assert second.content == first.content
+    assert second.headers["x-run"] == "1"
+    assert await upstream_count(upstream, key) == 1
+    assert await metric(gw, "idempotency_gateway_requests_total", route="send-reminder", outcome="replayed") == 1
+    assert await metric(gw, "idempotency_gateway_duplicates_suppressed_total", route="send-reminder") == 1
+
+
+async def test_article_parallel_pair(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route()])
+    key = unique()
+    body = {"job_key": key, "user_id": 42}
+    a, b = await asyncio.gather(
+        gw.post("/jobs/send-reminder", json=body, params={"sleep": "0.3"}),
+        gw.post("/jobs/send-reminder", json=body, params={"sleep": "0.3"}),
+    )
+    assert a.status_code == b.status_code == 200
+    assert a.content == b.content
+    assert sorted([a.headers.get("idempotent-replayed"), b.headers.get("idempotent-replayed")], key=str) == [
+        "true",
+        None,
+    ] or a.headers.get("idempotent-replayed") != b.headers.get("idempotent-replayed")
+    assert await upstream_count(upstream, key) == 1
+
+
+@pytest.mark.slow
+async def test_storm_of_50_copies_for_20_keys(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route()])
+    keys = [unique("storm") for _ in range(20)]
+    requests = [
+        gw.post("/jobs/send-reminder", json={"job_key": key}, params={"sleep": "0.05"})
+        for key in keys
+        for _ in range(50)
+    ]
+    responses = await asyncio.gather(*requests)
+    by_key: dict[str, set[bytes]] = {}
+    for key, response in zip([k for k in keys for _ in range(50)], responses, strict=True):
+        assert response.status_code == 200, response.text
+        by_key.setdefault(key, set()).add(response.content)
+    for key in keys:
+        assert len(by_key[key]) == 1, "every caller of a key gets the same body"
+        assert await upstream_count(upstream, key) == 1
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("store_kind", ["redis"])  # memory stores share nothing
+async def test_duplicate_in_flight_waits_across_gateways(
+    gateway_for: Build, upstream: Process, store_kind: str
+) -> None:
+    a = await gateway_for([route()])
+    b = await gateway_for([route()])  # another gateway on the same Redis
+    key = unique()
+    body = {"job_key": key}
+    first = asyncio.create_task(a.post("/jobs/send-reminder", json=body, params={"sleep": "0.5"}))
+    await asyncio.sleep(0.2)
+    second = await b.post("/jobs/send-reminder", json=body, params={"sleep": "0.5"})
+    assert second.status_code == 200
+    assert second.headers["idempotent-replayed"] == "true"
+    assert second.content == (await first).content
+    assert await upstream_count(upstream, key) == 1
+    assert await metric(b, "idempotency_gateway_requests_total", route="send-reminder", outcome="waited") == 1
+
+
+async def test_concurrent_reject_gives_409_with_retry_after(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route(concurrent="reject")])
+    key = unique()
+    first = asyncio.create_task(gw.post("/jobs/send-reminder", json={"job_key": key}, params={"sleep": "0.5"}))
+    await asyncio.sleep(0.2)
+    second = await gw.post("/jobs/send-reminder", json={"job_key": key}, params={"sleep": "0.5"})
+    assert second.status_code == 409
+    assert int(second.headers["retry-after"]) >= 1
+    doc = problem(second)
+    assert doc["key"] == key and doc["route"] == "send-reminder"
+    assert (await first).status_code == 200
+    assert await upstream_count(upstream, key) == 1
+
+
+async def test_wait_timeout_gives_409(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route(wait_timeout="200ms")])
+    key = unique()
+    first = asyncio.create_task(gw.post("/jobs/send-reminder", json={"job_key": key}, params={"sleep": "1"}))
+    await asyncio.sleep(0.1)
+    second = await gw.post("/jobs/send-reminder", json={"job_key": key}, params={"sleep": "1"})
+    assert second.status_code == 409
+    assert "retry-after" in second.headers
+    assert "Waited" in problem(second)["detail"]
+    assert (await first).status_code == 200
+    assert await upstream_count(upstream, key) == 1
+
+
+async def test_same_key_different_body_is_422(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route()])
+    key = unique()
+    assert (await gw.post("/jobs/send-reminder", json={"job_key": key, "user_id": 1})).status_code == 200
+    other = await gw.post("/jobs/send-reminder", json={"job_key": key, "user_id": 2})
+    assert other.status_code == 422
+    assert problem(other)["key"] == key
+    assert await upstream_count(upstream, key) == 1
+
+
+async def test_fingerprint_none_replays_despite_different_body(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route(fingerprint="none")])
+    key = unique()
+    await gw.post("/jobs/send-reminder", json={"job_key": key, "user_id": 1})
+    other = await gw.post("/jobs/send-reminder", json={"job_key": key, "user_id": 2})
+    assert other.status_code == 200 and other.headers["idempotent-replayed"] == "true"
+
+
+async def test_uncached_status_releases_key_so_retry_runs(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route()])
+    key = unique()
+    body = {"job_key": key}
+    failed = await gw.post("/jobs/send-reminder", json=body, params={"status": "503"})
+    assert failed.status_code == 503  # the upstream's own response
+    assert failed.json()["run"] == 1
+    retry = await gw.post("/jobs/send-reminder", json=body)
+    assert retry.status_code == 200 and "idempotent-replayed" not in retry.headers
+    assert await upstream_count(upstream, key) == 2
+    again = await gw.post("/jobs/send-reminder", json=body)
+    assert again.headers["idempotent-replayed"] == "true"
+
+
+async def test_cached_4xx_is_replayed_but_408_is_not(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route()])
+    key = unique()
+    for _ in range(2):
+        r = await gw.post("/jobs/send-reminder", json={"job_key": key}, params={"status": "400"})
+        assert r.status_code == 400
+    assert await upstream_count(upstream, key) == 1
+    key = unique()
+    for _ in range(2):
+        r = await gw.post("/jobs/send-reminder", json={"job_key": key}, params={"status": "408"})
+    assert await upstream_count(upstream, key) == 2
+
+
+async def test_waiting_duplicates_contend_again_after_release(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route()])
+    key = unique()
+    body = {"job_key": key}
+    responses = await asyncio.gather(
+        *[gw.post("/jobs/send-reminder", json=body, params={"status": "503", "sleep": "0.2"}) for _ in range(3)]
+    )
+    # Each failure released the key; each waiter then ran it in turn, never two at once.
+    assert sorted(r.json()["run"] for r in responses) == [1, 2, 3]
+
+
+async def test_connection_refused_is_502_and_releases(gateway_for: Build, upstream: Process) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    gw = await gateway_for([route(upstream=dead)])
+    key = unique()
+    response = await gw.post("/jobs/send-reminder", json={"job_key": key})
+    assert response.status_code == 502
+    assert "not sent" in problem(response)["title"]
+    # Released: the next request is a first request again (and fails the same way).
+    again = await gw.post("/jobs/send-reminder", json={"job_key": key})
+    assert again.status_code == 502
+    assert await metric(gw, "idempotency_gateway_requests_total", route="send-reminder", outcome="upstream_error") == 2
+
+
+async def test_timeout_after_send_is_504_and_never_resent(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route(upstream_timeout="300ms")])
+    key = unique()
+    body = {"job_key": key}
+    first = await gw.post("/jobs/send-reminder", json=body, params={"sleep": "1"})
+    assert first.status_code == 504
+    assert problem(first)["key"] == key
+    repeat = await gw.post("/jobs/send-reminder", json=body, params={"sleep": "1"})
+    assert repeat.status_code == 409
+    assert problem(repeat)["state"] == "unresolved"
+    await asyncio.sleep(0.8)  # the handler finishes; still nothing is resent
+    again = await gw.post("/jobs/send-reminder", json=body, params={"sleep": "1"})
+    assert again.status_code == 409
+    assert await upstream_count(upstream, key) == 1
+    record = await _record(gw, key)  # kept, not released
+    assert record is not None and record.state is State.UNRESOLVED
+    assert "0.3s" in record.reason
+
+
+async def test_unknown_outcome_release_policy(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route(upstream_timeout="200ms", on_unknown_outcome="release")])
+    key = unique()
+    first = await gw.post("/jobs/send-reminder", json={"job_key": key}, params={"sleep": "0.5"})
+    assert first.status_code == 504
+    await asyncio.sleep(0.5)
+    retry = await gw.post("/jobs/send-reminder", json={"job_key": key})
+    assert retry.status_code == 200
+    assert await upstream_count(upstream, key) == 2
+
+
+async def test_large_body_reaches_first_caller_repeats_get_headers_only(
+    gateway_for: Build, upstream: Process
+) -> None:
+    gw = await gateway_for([route(max_stored_body="1KiB")])
+    key = unique()
+    first = await gw.post("/jobs/send-reminder", json={"job_key": key}, params={"size": "5000"})
+    assert first.status_code == 200 and len(first.content) == 5000
+    repeat = await gw.post("/jobs/send-reminder", json={"job_key": key}, params={"size": "5000"})
+    assert repeat.status_code == 200
+    assert repeat.content == b""
+    assert repeat.headers["idempotent-body-omitted"] == "true"
+    assert repeat.headers["idempotent-replayed"] == "true"
+    assert repeat.headers["content-type"].startswith("text/plain")
+    assert await upstream_count(upstream, key) == 1
+
+
+async def test_set_cookie_and_strip_headers_never_replayed(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route(strip_headers=["X-Run"])])
+    key = unique()
+    first = await gw.post("/jobs/send-reminder", json={"job_key": key}, params={"cookie": "1"})
+    assert "set-cookie" in first.headers and first.headers["x-run"] == "1"
+    repeat = await gw.post("/jobs/send-reminder", json={"job_key": key}, params={"cookie": "1"})
+    assert repeat.headers["idempotent-replayed"] == "true"
+    assert "set-cookie" not in repeat.headers
+    assert "x-run" not in repeat.headers
+
+
+async def test_encoded_body_stored_raw_with_its_encoding(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route()])
+    key = unique()
+    first = await gw.post("/jobs/send-reminder", json={"job_key": key}, params={"gzip": "1"})
+    repeat = await gw.post("/jobs/send-reminder", json={"job_key": key}, params={"gzip": "1"})
+    assert repeat.headers["content-encoding"] == "gzip"
+    assert repeat.headers["idempotent-replayed"] == "true"
+    assert json.loads(repeat.content) == json.loads(first.content)  # httpx decoded both
+    raw = await gw.http.post(
+        "/jobs/send-reminder", json={"job_key": key}, params={"gzip": "1"}, headers={"accept-encoding": "identity"}
+    )
+    stream_bytes = raw.read()
+    assert json.loads(stream_bytes)["run"] == 1
+    assert gzip  # the upstream compressed it; the gateway never re-encoded
+
+
+async def test_forwarded_request_headers(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route()])
+    key = unique()
+    response = await gw.post(
+        "/jobs/send-reminder?x=1",
+        json={"job_key": key},
+        headers={"Connection": "keep-alive, X-Hop", "X-Hop": "secret", "X-Custom": "yes"},
+    )
+    seen = response.json()
+    headers = seen["headers"]
+    assert seen["query"] == "x=1"
+    assert headers["idempotency-key"] == key
+    assert headers["x-custom"] == "yes"
+    assert "x-hop" not in headers
+    assert headers["x-forwarded-proto"] == "http"
+    assert headers["x-forwarded-host"] == "gateway.test"
+    assert "x-forwarded-for" in headers
+
+
+async def test_missing_key_rejected_or_forwarded(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for(
+        [
+            route(),
+            route(name="lenient", match={"path": "/jobs/lenient"}, key={"body": "job_key", "on_missing": "forward"}),
+        ]
+    )
+    rejected = await gw.post("/jobs/send-reminder", json={"user_id": 1})
+    assert rejected.status_code == 400
+    doc = problem(rejected)
+    assert "job_key" in doc["detail"] and doc["route"] == "send-reminder"
+    first = await gw.post("/jobs/lenient", json={"user_id": 1})
+    second = await gw.post("/jobs/lenient", json={"user_id": 1})
+    assert first.status_code == second.status_code == 200
+    assert "idempotent-replayed" not in second.headers
+    assert await metric(gw, "idempotency_gateway_requests_total", route="lenient", outcome="missing_key_forwarded") == 2
+
+
+async def test_route_without_key_passes_through(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([{"name": "plain", "match": {"path": "/jobs/plain"}}])
+    a = await gw.post("/jobs/plain", json={"job_key": "same"})
+    b = await gw.post("/jobs/plain", json={"job_key": "same"})
+    assert "idempotent-replayed" not in b.headers
+    assert b.json()["run"] == a.json()["run"] + 1
+
+
+async def test_no_route_is_404_problem(gateway_for: Build) -> None:
+    gw = await gateway_for([route()])
+    response = await gw.post("/nowhere", json={})
+    assert response.status_code == 404
+    assert "No route" in problem(response)["detail"]
+
+
+async def test_body_over_limit_is_413(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route(max_request_body="100B")])
+    response = await gw.post("/jobs/send-reminder", json={"job_key": unique(), "pad": "x" * 200})
+    assert response.status_code == 413
+    problem(response)
+
+
+async def test_malformed_json_is_400(gateway_for: Build) -> None:
+    gw = await gateway_for([route()])
+    response = await gw.post("/jobs/send-reminder", content=b"{not json", headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    problem(response)
+
+
+@pytest.mark.parametrize(
+    ("key_spec", "send"),
+    [
+        ({"header": "Idempotency-Key"}, lambda k: {"headers": {"Idempotency-Key": k}}),
+        ({"query": "run"}, lambda k: {"params": {"run": k}}),
+        ({"template": "r:{body.user_id}:{header.X-Day}"}, lambda k: {"json": {"user_id": k}, "headers": {"X-Day": "3"}}),
+        ({"hash": ["method", "path", "body"]}, lambda k: {"json": {"id": k}}),
+    ],
+    ids=["header", "query", "template", "hash"],
+)
+async def test_each_key_source_dedupes(gateway_for: Build, upstream: Process, key_spec: Any, send: Any) -> None:
+    gw = await gateway_for([route(key=key_spec, fingerprint=["method", "path"])])
+    k = unique()
+    first = await gw.post("/jobs/send-reminder", **send(k))
+    second = await gw.post("/jobs/send-reminder", **send(k))
+    other = await gw.post("/jobs/send-reminder", **send(unique()))
+    assert first.status_code == 200
+    assert second.headers.get("idempotent-replayed") == "true"
+    assert "idempotent-replayed" not in other.headers
+
+
+async def test_quoted_and_bare_header_keys_are_the_same(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route(key={"header": "Idempotency-Key"})])
+    k = unique()
+    await gw.post("/jobs/send-reminder", headers={"Idempotency-Key": f'"{k}"'})
+    bare = await gw.post("/jobs/send-reminder", headers={"Idempotency-Key": k})
+    assert bare.headers.get("idempotent-replayed") == "true"
+    assert await upstream_count(upstream, k) == 1
+
+
+async def test_period_key_runs_once_per_window(gateway_for: Build, upstream: Process) -> None:
+    name = unique("daily")
+    gw = await gateway_for(
+        [route(name="daily", key={"template": name + ":{period}", "period": "1d", "timezone": "UTC"})]
+    )
+    first = await gw.post("/jobs/send-reminder")
+    second = await gw.post("/jobs/send-reminder")
+    assert first.status_code == 200 and "idempotent-replayed" not in first.headers
+    assert second.headers["idempotent-replayed"] == "true"
+    assert first.json()["key"].startswith(name + ":20")
+
+
+async def test_scope_separates_tenants(gateway_for: Build, upstream: Process) -> None:
+    gw = await gateway_for([route(key={"body": "job_key", "scope": ["header.Authorization"]})])
+    k = unique()
+    alice = await gw.post("/jobs/send-reminder", json={"job_key": k}, headers={"Authorization": "Bearer alice"})
+    bob = await gw.post("/jobs/send-reminder", json={"job_key": k}, headers={"Authorization": "Bearer bob"})
+    assert "idempotent-replayed" not in bob.headers
+    assert bob.json()["headers"]["authorization"] == "Bearer bob"
+    assert alice.json()["run"] == 1 and bob.json()["run"] == 2
+
+
+async def _record(gw: GatewayClient, key: str) -> Any:
+    from gateway.keys import record_digest
+    from gateway.records import KeyRef
+
+    return await gw.gateway.store.get(KeyRef(record_digest("send-reminder", "", key), "send-reminder", key))
