@@ -1,9 +1,8 @@
-"""The config parser behind `gateway.config.load_config`, kept apart so config.py
-stays a readable description of the settings.
+"""Building blocks for `gateway.config`: value parsers, ${VAR} interpolation, the
+issue collector and checks that need none of the config dataclasses.
 
-It turns YAML data into the frozen dataclasses of `gateway.config`: env interpolation
-first, then every section is checked, collecting every problem (`Issues`) so one
-ConfigError lists them all.
+This module must not import gateway.config (which imports it), so that config.py
+can stay a readable description of the settings without an import cycle.
 """
 
 from __future__ import annotations

@@ -96,14 +96,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 1
     if key is None:
         sources = ", ".join(f"{s.kind} {s.name}".strip() for s in route.key.sources)
-        if route.key.on_missing == "reject":
-            print(
-                f"key:         none found in: {sources}; the gateway answers 400 (on_missing: reject)"
-            )
-        else:
-            print(
-                f"key:         none found in: {sources}; forwarded without dedupe (on_missing: forward)"
-            )
+        action = (
+            "the gateway answers 400 (on_missing: reject)"
+            if route.key.on_missing == "reject"
+            else "forwarded without dedupe (on_missing: forward)"
+        )
+        print(f"key:         none found in: {sources}; {action}")
         return 1
     scope = scope_value(route.key, parts)
     print(f"key:         {key}")

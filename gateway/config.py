@@ -735,7 +735,8 @@ def _source(
         return None if compiled is None else KeySource(kind="body", name=text, compiled=compiled)
     if source_kind == "template":
         templates.append((text, path))
-    return KeySource(kind=source_kind, name=text)  # type: ignore[arg-type]  # source_kind is one of _SOURCE_KINDS
+    # source_kind is always one of _SOURCE_KINDS, which mypy cannot see through the loop.
+    return KeySource(kind=source_kind, name=text)  # type: ignore[arg-type]
 
 
 _ROUTE_SETTINGS: dict[str, Callable[[object, str, Issues], Any]] = {

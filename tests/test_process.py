@@ -18,7 +18,9 @@ from tests.support.servers import ROOT, Process, free_port, gateway_process, wai
 pytestmark = [pytest.mark.anyio, pytest.mark.process]
 
 
-def write_config(tmp_path: Path, upstream_url: str, store_url: str = "memory://", **route: Any) -> tuple[Path, int, int]:
+def write_config(
+    tmp_path: Path, upstream_url: str, store_url: str = "memory://", **route: Any
+) -> tuple[Path, int, int]:
     port, admin_port = free_port(), free_port()
     config = {
         "server": {"listen": f"127.0.0.1:{port}", "shutdown_grace": "2s"},
@@ -42,16 +44,21 @@ def write_config(tmp_path: Path, upstream_url: str, store_url: str = "memory://"
 async def test_caller_hangup_does_not_cancel_the_forward(tmp_path: Path, upstream: Process) -> None:
     """The article's case without an unknown outcome: the handler outlives the
     caller's timeout, but not the gateway's, so the retry gets the response."""
-    path, port, admin_port = write_config(tmp_path, upstream.url, upstream_timeout="10s")
+    path, port, _ = write_config(tmp_path, upstream.url, upstream_timeout="10s")
     gateway = gateway_process(path, port).start()
     try:
         key = unique()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             with pytest.raises(httpx.ReadTimeout):
                 await client.post(
-                    "/jobs/send-reminder", json={"job_key": key}, params={"sleep": "1.5"}, timeout=0.5
+                    "/jobs/send-reminder",
+                    json={"job_key": key},
+                    params={"sleep": "1.5"},
+                    timeout=0.5,
                 )
-            retry = await client.post("/jobs/send-reminder", json={"job_key": key}, params={"sleep": "1.5"}, timeout=10)
+            retry = await client.post(
+                "/jobs/send-reminder", json={"job_key": key}, params={"sleep": "1.5"}, timeout=10
+            )
         assert retry.status_code == 200
         assert retry.headers["idempotent-replayed"] == "true"
         assert retry.json()["run"] == 1
@@ -72,20 +79,27 @@ async def test_run_serves_admin_endpoints(tmp_path: Path, upstream: Process) -> 
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
                 await client.post("/jobs/send-reminder", json={"job_key": unique()})
             text = (await admin.get("/metrics")).text
-        assert 'idempotency_gateway_requests_total{outcome="forwarded",route="send-reminder"} 1.0' in text
+        assert (
+            'idempotency_gateway_requests_total{outcome="forwarded",route="send-reminder"} 1.0'
+            in text
+        )
     finally:
         gateway.stop()
 
 
 async def test_readyz_fails_when_redis_is_unreachable(tmp_path: Path, upstream: Process) -> None:
-    path, port, admin_port = write_config(tmp_path, upstream.url, store_url=f"redis://127.0.0.1:{free_port()}/0")
+    path, port, admin_port = write_config(
+        tmp_path, upstream.url, store_url=f"redis://127.0.0.1:{free_port()}/0"
+    )
     gateway = gateway_process(path, port).start()
     try:
         wait_for_port(admin_port)
         async with httpx.AsyncClient() as client:
             ready = await client.get(f"http://127.0.0.1:{admin_port}/readyz")
             assert ready.status_code == 503 and ready.json()["ready"] is False
-            response = await client.post(f"http://127.0.0.1:{port}/jobs/send-reminder", json={"job_key": unique()})
+            response = await client.post(
+                f"http://127.0.0.1:{port}/jobs/send-reminder", json={"job_key": unique()}
+            )
         assert response.status_code == 503
         assert response.headers["retry-after"]
         assert response.headers["content-type"] == "application/problem+json"
@@ -96,8 +110,18 @@ async def test_readyz_fails_when_redis_is_unreachable(tmp_path: Path, upstream: 
 async def test_demo_runs_the_job_once_for_two_parallel_callers() -> None:
     port, admin_port, job_port = free_port(), free_port(), free_port()
     demo = Process(
-        [sys.executable, "-m", "gateway", "demo", "--port", str(port), "--admin-port", str(admin_port),
-         "--job-port", str(job_port)],
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "demo",
+            "--port",
+            str(port),
+            "--admin-port",
+            str(admin_port),
+            "--job-port",
+            str(job_port),
+        ],
         port,
         "demo",
     ).start()
@@ -105,11 +129,15 @@ async def test_demo_runs_the_job_once_for_two_parallel_callers() -> None:
         body = {"job_key": "test-1", "user_id": 42}
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
             a, b = await asyncio.gather(
-                client.post("/jobs/send-reminder", json=body), client.post("/jobs/send-reminder", json=body)
+                client.post("/jobs/send-reminder", json=body),
+                client.post("/jobs/send-reminder", json=body),
             )
         assert a.status_code == b.status_code == 200
         assert a.json() == b.json() == {"status": "sent", "user_id": 42}
-        assert {a.headers.get("idempotent-replayed"), b.headers.get("idempotent-replayed")} == {"true", None}
+        assert {a.headers.get("idempotent-replayed"), b.headers.get("idempotent-replayed")} == {
+            "true",
+            None,
+        }
     finally:
         assert demo.stop() == 0
     output = demo.output()
@@ -119,7 +147,12 @@ async def test_demo_runs_the_job_once_for_two_parallel_callers() -> None:
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=30
+        [sys.executable, "-m", "gateway", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=30,
     )
 
 
@@ -159,8 +192,15 @@ def test_check_config_bad_yaml_names_the_line(tmp_path: Path) -> None:
 def test_explain_shows_route_key_and_fingerprint() -> None:
     example = str(ROOT / "config.example.yaml")
     result = cli(
-        "explain", "--config", example, "POST", "http://localhost:8080/jobs/send-reminder",
-        "-H", "Content-Type: application/json", "-d", '{"job_key": "reminder:user42:trial-day-3"}',
+        "explain",
+        "--config",
+        example,
+        "POST",
+        "http://localhost:8080/jobs/send-reminder",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        '{"job_key": "reminder:user42:trial-day-3"}',
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "route:       send-reminder" in result.stdout

@@ -33,7 +33,11 @@ def route(**overrides: Any) -> dict[str, Any]:
 def problem(response: httpx.Response) -> dict[str, Any]:
     assert response.headers["content-type"] == "application/problem+json"
     doc: dict[str, Any] = response.json()
-    assert doc["type"].startswith("https://") and doc["title"] and doc["status"] == response.status_code
+    assert (
+        doc["type"].startswith("https://")
+        and doc["title"]
+        and doc["status"] == response.status_code
+    )
     return doc
 
 
@@ -55,8 +59,16 @@ async def test_first_request_forwarded_then_replayed(gateway_for: Build, upstrea
     assert second.content == first.content
     assert second.headers["x-run"] == "1"
     assert await upstream_count(upstream, key) == 1
-    assert await metric(gw, "idempotency_gateway_requests_total", route="send-reminder", outcome="replayed") == 1
-    assert await metric(gw, "idempotency_gateway_duplicates_suppressed_total", route="send-reminder") == 1
+    assert (
+        await metric(
+            gw, "idempotency_gateway_requests_total", route="send-reminder", outcome="replayed"
+        )
+        == 1
+    )
+    assert (
+        await metric(gw, "idempotency_gateway_duplicates_suppressed_total", route="send-reminder")
+        == 1
+    )
 
 
 async def test_article_parallel_pair(gateway_for: Build, upstream: Process) -> None:
@@ -69,7 +81,9 @@ async def test_article_parallel_pair(gateway_for: Build, upstream: Process) -> N
     )
     assert a.status_code == b.status_code == 200
     assert a.content == b.content
-    assert sorted([a.headers.get("idempotent-replayed"), b.headers.get("idempotent-replayed")], key=str) == [
+    assert sorted(
+        [a.headers.get("idempotent-replayed"), b.headers.get("idempotent-replayed")], key=str
+    ) == [
         "true",
         None,
     ] or a.headers.get("idempotent-replayed") != b.headers.get("idempotent-replayed")
@@ -111,13 +125,22 @@ async def test_duplicate_in_flight_waits_across_gateways(
     assert second.headers["idempotent-replayed"] == "true"
     assert second.content == (await first).content
     assert await upstream_count(upstream, key) == 1
-    assert await metric(b, "idempotency_gateway_requests_total", route="send-reminder", outcome="waited") == 1
+    assert (
+        await metric(
+            b, "idempotency_gateway_requests_total", route="send-reminder", outcome="waited"
+        )
+        == 1
+    )
 
 
-async def test_concurrent_reject_gives_409_with_retry_after(gateway_for: Build, upstream: Process) -> None:
+async def test_concurrent_reject_gives_409_with_retry_after(
+    gateway_for: Build, upstream: Process
+) -> None:
     gw = await gateway_for([route(concurrent="reject")])
     key = unique()
-    first = asyncio.create_task(gw.post("/jobs/send-reminder", json={"job_key": key}, params={"sleep": "0.5"}))
+    first = asyncio.create_task(
+        gw.post("/jobs/send-reminder", json={"job_key": key}, params={"sleep": "0.5"})
+    )
     await asyncio.sleep(0.2)
     second = await gw.post("/jobs/send-reminder", json={"job_key": key}, params={"sleep": "0.5"})
     assert second.status_code == 409
@@ -131,7 +154,9 @@ async def test_concurrent_reject_gives_409_with_retry_after(gateway_for: Build, 
 async def test_wait_timeout_gives_409(gateway_for: Build, upstream: Process) -> None:
     gw = await gateway_for([route(wait_timeout="200ms")])
     key = unique()
-    first = asyncio.create_task(gw.post("/jobs/send-reminder", json={"job_key": key}, params={"sleep": "1"}))
+    first = asyncio.create_task(
+        gw.post("/jobs/send-reminder", json={"job_key": key}, params={"sleep": "1"})
+    )
     await asyncio.sleep(0.1)
     second = await gw.post("/jobs/send-reminder", json={"job_key": key}, params={"sleep": "1"})
     assert second.status_code == 409
@@ -144,14 +169,18 @@ async def test_wait_timeout_gives_409(gateway_for: Build, upstream: Process) -> 
 async def test_same_key_different_body_is_422(gateway_for: Build, upstream: Process) -> None:
     gw = await gateway_for([route()])
     key = unique()
-    assert (await gw.post("/jobs/send-reminder", json={"job_key": key, "user_id": 1})).status_code == 200
+    assert (
+        await gw.post("/jobs/send-reminder", json={"job_key": key, "user_id": 1})
+    ).status_code == 200
     other = await gw.post("/jobs/send-reminder", json={"job_key": key, "user_id": 2})
     assert other.status_code == 422
     assert problem(other)["key"] == key
     assert await upstream_count(upstream, key) == 1
 
 
-async def test_fingerprint_none_replays_despite_different_body(gateway_for: Build, upstream: Process) -> None:
+async def test_fingerprint_none_replays_despite_different_body(
+    gateway_for: Build, upstream: Process
+) -> None:
     gw = await gateway_for([route(fingerprint="none")])
     key = unique()
     await gw.post("/jobs/send-reminder", json={"job_key": key, "user_id": 1})
@@ -159,7 +188,9 @@ async def test_fingerprint_none_replays_despite_different_body(gateway_for: Buil
     assert other.status_code == 200 and other.headers["idempotent-replayed"] == "true"
 
 
-async def test_uncached_status_releases_key_so_retry_runs(gateway_for: Build, upstream: Process) -> None:
+async def test_uncached_status_releases_key_so_retry_runs(
+    gateway_for: Build, upstream: Process
+) -> None:
     gw = await gateway_for([route()])
     key = unique()
     body = {"job_key": key}
@@ -186,18 +217,25 @@ async def test_cached_4xx_is_replayed_but_408_is_not(gateway_for: Build, upstrea
     assert await upstream_count(upstream, key) == 2
 
 
-async def test_waiting_duplicates_contend_again_after_release(gateway_for: Build, upstream: Process) -> None:
+async def test_waiting_duplicates_contend_again_after_release(
+    gateway_for: Build, upstream: Process
+) -> None:
     gw = await gateway_for([route()])
     key = unique()
     body = {"job_key": key}
     responses = await asyncio.gather(
-        *[gw.post("/jobs/send-reminder", json=body, params={"status": "503", "sleep": "0.2"}) for _ in range(3)]
+        *[
+            gw.post("/jobs/send-reminder", json=body, params={"status": "503", "sleep": "0.2"})
+            for _ in range(3)
+        ]
     )
     # Each failure released the key; each waiter then ran it in turn, never two at once.
     assert sorted(r.json()["run"] for r in responses) == [1, 2, 3]
 
 
-async def test_connection_refused_is_502_and_releases(gateway_for: Build, upstream: Process) -> None:
+async def test_connection_refused_is_502_and_releases(
+    gateway_for: Build, upstream: Process
+) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     gw = await gateway_for([route(upstream=dead)])
     key = unique()
@@ -207,10 +245,20 @@ async def test_connection_refused_is_502_and_releases(gateway_for: Build, upstre
     # Released: the next request is a first request again (and fails the same way).
     again = await gw.post("/jobs/send-reminder", json={"job_key": key})
     assert again.status_code == 502
-    assert await metric(gw, "idempotency_gateway_requests_total", route="send-reminder", outcome="upstream_error") == 2
+    assert (
+        await metric(
+            gw,
+            "idempotency_gateway_requests_total",
+            route="send-reminder",
+            outcome="upstream_error",
+        )
+        == 2
+    )
 
 
-async def test_timeout_after_send_is_504_and_never_resent(gateway_for: Build, upstream: Process) -> None:
+async def test_timeout_after_send_is_504_and_never_resent(
+    gateway_for: Build, upstream: Process
+) -> None:
     gw = await gateway_for([route(upstream_timeout="300ms")])
     key = unique()
     body = {"job_key": key}
@@ -256,7 +304,9 @@ async def test_large_body_reaches_first_caller_repeats_get_headers_only(
     assert await upstream_count(upstream, key) == 1
 
 
-async def test_set_cookie_and_strip_headers_never_replayed(gateway_for: Build, upstream: Process) -> None:
+async def test_set_cookie_and_strip_headers_never_replayed(
+    gateway_for: Build, upstream: Process
+) -> None:
     gw = await gateway_for([route(strip_headers=["X-Run"])])
     key = unique()
     first = await gw.post("/jobs/send-reminder", json={"job_key": key}, params={"cookie": "1"})
@@ -267,7 +317,9 @@ async def test_set_cookie_and_strip_headers_never_replayed(gateway_for: Build, u
     assert "x-run" not in repeat.headers
 
 
-async def test_encoded_body_stored_raw_with_its_encoding(gateway_for: Build, upstream: Process) -> None:
+async def test_encoded_body_stored_raw_with_its_encoding(
+    gateway_for: Build, upstream: Process
+) -> None:
     gw = await gateway_for([route()])
     key = unique()
     first = await gw.post("/jobs/send-reminder", json={"job_key": key}, params={"gzip": "1"})
@@ -276,7 +328,10 @@ async def test_encoded_body_stored_raw_with_its_encoding(gateway_for: Build, ups
     assert repeat.headers["idempotent-replayed"] == "true"
     assert json.loads(repeat.content) == json.loads(first.content)  # httpx decoded both
     raw = await gw.http.post(
-        "/jobs/send-reminder", json={"job_key": key}, params={"gzip": "1"}, headers={"accept-encoding": "identity"}
+        "/jobs/send-reminder",
+        json={"job_key": key},
+        params={"gzip": "1"},
+        headers={"accept-encoding": "identity"},
     )
     stream_bytes = raw.read()
     assert json.loads(stream_bytes)["run"] == 1
@@ -306,7 +361,11 @@ async def test_missing_key_rejected_or_forwarded(gateway_for: Build, upstream: P
     gw = await gateway_for(
         [
             route(),
-            route(name="lenient", match={"path": "/jobs/lenient"}, key={"body": "job_key", "on_missing": "forward"}),
+            route(
+                name="lenient",
+                match={"path": "/jobs/lenient"},
+                key={"body": "job_key", "on_missing": "forward"},
+            ),
         ]
     )
     rejected = await gw.post("/jobs/send-reminder", json={"user_id": 1})
@@ -317,7 +376,15 @@ async def test_missing_key_rejected_or_forwarded(gateway_for: Build, upstream: P
     second = await gw.post("/jobs/lenient", json={"user_id": 1})
     assert first.status_code == second.status_code == 200
     assert "idempotent-replayed" not in second.headers
-    assert await metric(gw, "idempotency_gateway_requests_total", route="lenient", outcome="missing_key_forwarded") == 2
+    assert (
+        await metric(
+            gw,
+            "idempotency_gateway_requests_total",
+            route="lenient",
+            outcome="missing_key_forwarded",
+        )
+        == 2
+    )
 
 
 async def test_route_without_key_passes_through(gateway_for: Build, upstream: Process) -> None:
@@ -344,7 +411,9 @@ async def test_body_over_limit_is_413(gateway_for: Build, upstream: Process) -> 
 
 async def test_malformed_json_is_400(gateway_for: Build) -> None:
     gw = await gateway_for([route()])
-    response = await gw.post("/jobs/send-reminder", content=b"{not json", headers={"content-type": "application/json"})
+    response = await gw.post(
+        "/jobs/send-reminder", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400
     problem(response)
 
@@ -354,12 +423,17 @@ async def test_malformed_json_is_400(gateway_for: Build) -> None:
     [
         ({"header": "Idempotency-Key"}, lambda k: {"headers": {"Idempotency-Key": k}}),
         ({"query": "run"}, lambda k: {"params": {"run": k}}),
-        ({"template": "r:{body.user_id}:{header.X-Day}"}, lambda k: {"json": {"user_id": k}, "headers": {"X-Day": "3"}}),
+        (
+            {"template": "r:{body.user_id}:{header.X-Day}"},
+            lambda k: {"json": {"user_id": k}, "headers": {"X-Day": "3"}},
+        ),
         ({"hash": ["method", "path", "body"]}, lambda k: {"json": {"id": k}}),
     ],
     ids=["header", "query", "template", "hash"],
 )
-async def test_each_key_source_dedupes(gateway_for: Build, upstream: Process, key_spec: Any, send: Any) -> None:
+async def test_each_key_source_dedupes(
+    gateway_for: Build, upstream: Process, key_spec: Any, send: Any
+) -> None:
     gw = await gateway_for([route(key=key_spec, fingerprint=["method", "path"])])
     k = unique()
     first = await gw.post("/jobs/send-reminder", **send(k))
@@ -370,7 +444,9 @@ async def test_each_key_source_dedupes(gateway_for: Build, upstream: Process, ke
     assert "idempotent-replayed" not in other.headers
 
 
-async def test_quoted_and_bare_header_keys_are_the_same(gateway_for: Build, upstream: Process) -> None:
+async def test_quoted_and_bare_header_keys_are_the_same(
+    gateway_for: Build, upstream: Process
+) -> None:
     gw = await gateway_for([route(key={"header": "Idempotency-Key"})])
     k = unique()
     await gw.post("/jobs/send-reminder", headers={"Idempotency-Key": f'"{k}"'})
@@ -382,7 +458,12 @@ async def test_quoted_and_bare_header_keys_are_the_same(gateway_for: Build, upst
 async def test_period_key_runs_once_per_window(gateway_for: Build, upstream: Process) -> None:
     name = unique("daily")
     gw = await gateway_for(
-        [route(name="daily", key={"template": name + ":{period}", "period": "1d", "timezone": "UTC"})]
+        [
+            route(
+                name="daily",
+                key={"template": name + ":{period}", "period": "1d", "timezone": "UTC"},
+            )
+        ]
     )
     first = await gw.post("/jobs/send-reminder")
     second = await gw.post("/jobs/send-reminder")
@@ -394,8 +475,12 @@ async def test_period_key_runs_once_per_window(gateway_for: Build, upstream: Pro
 async def test_scope_separates_tenants(gateway_for: Build, upstream: Process) -> None:
     gw = await gateway_for([route(key={"body": "job_key", "scope": ["header.Authorization"]})])
     k = unique()
-    alice = await gw.post("/jobs/send-reminder", json={"job_key": k}, headers={"Authorization": "Bearer alice"})
-    bob = await gw.post("/jobs/send-reminder", json={"job_key": k}, headers={"Authorization": "Bearer bob"})
+    alice = await gw.post(
+        "/jobs/send-reminder", json={"job_key": k}, headers={"Authorization": "Bearer alice"}
+    )
+    bob = await gw.post(
+        "/jobs/send-reminder", json={"job_key": k}, headers={"Authorization": "Bearer bob"}
+    )
     assert "idempotent-replayed" not in bob.headers
     assert bob.json()["headers"]["authorization"] == "Bearer bob"
     assert alice.json()["run"] == 1 and bob.json()["run"] == 2
@@ -405,4 +490,6 @@ async def _record(gw: GatewayClient, key: str) -> Any:
     from gateway.keys import record_digest
     from gateway.records import KeyRef
 
-    return await gw.gateway.store.get(KeyRef(record_digest("send-reminder", "", key), "send-reminder", key))
+    return await gw.gateway.store.get(
+        KeyRef(record_digest("send-reminder", "", key), "send-reminder", key)
+    )

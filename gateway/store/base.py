@@ -36,13 +36,13 @@ class Store(abc.ABC):
     def __init__(self) -> None:
         self.notifier = Notifier()
 
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Connect (and subscribe to change notifications). Called once."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Records stay where the store keeps them."""
 
-    async def ping(self) -> None:
+    async def ping(self) -> None:  # noqa: B027 - an in-process store always answers
         """Raise StoreError unless the store answers."""
 
     @abc.abstractmethod

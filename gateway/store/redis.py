@@ -178,11 +178,11 @@ class RedisStore(Store):
                         member: bytes = message["data"]
                         self.notifier.notify(member.split(b"/", 1)[0].decode())
             except asyncio.CancelledError:
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
                 raise
             except (RedisError, OSError) as exc:
                 log.warning("store notifications lost (%s); reconnecting", exc)
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
