@@ -8,6 +8,7 @@ closes the gateway; `cli run` drives both listeners from one gateway instead.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from starlette.types import Message, Receive, Scope, Send
@@ -21,9 +22,11 @@ from gateway.errors import (
     NoRoute,
     PayloadTooLarge,
     ProblemError,
+    StoreError,
 )
 from gateway.keys import RequestParts
 from gateway.metrics import Metrics
+from gateway.reconcile import Reconciler
 from gateway.routes import Router
 from gateway.store import open_store
 from gateway.store.base import Store
@@ -40,6 +43,7 @@ class Gateway:
         store: Store | None = None,
         upstream: Upstream | None = None,
         metrics: Metrics | None = None,
+        sweep: bool = True,
     ) -> None:
         self.config = config
         self.store = store if store is not None else open_store(config.store)
@@ -47,17 +51,37 @@ class Gateway:
         self.metrics = metrics if metrics is not None else Metrics()
         self.router = Router(config.routes)
         self.engine = Engine(config, self.store, self.upstream, self.metrics)
+        self.reconciler = Reconciler(config, self.store, self.upstream, self.metrics)
+        self.engine.reconciler = self.reconciler
+        self.sweep = sweep
+        self._sweeper: asyncio.Task[None] | None = None
         self.started = False
 
     async def start(self) -> None:
         await self.store.start()
         await self.upstream.start()
+        if self.sweep:
+            self._sweeper = asyncio.create_task(self.reconciler.run(), name="sweep")
         self.started = True
 
     async def close(self) -> None:
         self.started = False
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
         await self.upstream.close()
         await self.store.close()
+
+    async def refresh_key_metrics(self) -> None:
+        """Read key counts and ages from the store, so every replica reports the
+        cluster-wide truth at scrape time."""
+        try:
+            stats = await self.store.stats()
+        except StoreError:
+            self.metrics.store_up.set(0)
+            return
+        self.metrics.store_up.set(1)
+        self.metrics.set_key_stats(stats, [r.name for r in self.config.routes])
 
     async def __aenter__(self) -> Gateway:
         await self.start()

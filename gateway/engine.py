@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from gateway.config import Config, Route
@@ -43,10 +44,20 @@ from gateway.keys import RequestParts, extract_key, fingerprint, record_digest, 
 from gateway.metrics import Metrics
 from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredResponse
 from gateway.routes import RouteMatch
-from gateway.store.base import Store
+
+if TYPE_CHECKING:
+    from gateway.reconcile import Reconciler
+from gateway.store.base import ExpiredPolicy, Store
 from gateway.upstream import Upstream, UpstreamResponse, forwarded_headers
 
 log = logging.getLogger("gateway.engine")
+
+#: What a key whose gateway died mid-request becomes, per `on_unknown_outcome`.
+EXPIRED_POLICY: dict[str, ExpiredPolicy] = {
+    "park": "parked",
+    "release": "release",
+    "reconcile": "unresolved",
+}
 
 #: Headers a stored response never keeps: per-caller state must not be replayed.
 NEVER_STORED = frozenset({"set-cookie", "set-cookie2"})
@@ -84,6 +95,7 @@ class Engine:
         self.metrics = metrics
         self._local: dict[str, _LocalRun] = {}
         self.tasks: set[asyncio.Task[Reply]] = set()
+        self.reconciler: Reconciler | None = None  # set by the Gateway
         # The lease outlives the upstream deadline plus the store writes after it
         # (each may retry once), so a live gateway always settles its own keys.
         store_cfg = config.store
@@ -163,13 +175,20 @@ class Engine:
             # Watch before reading, so a change between the read and the wait is seen.
             with self.store.notifier.watch(ref.digest) as changed:
                 run_id = secrets.token_hex(8)
-                record = await self.store.claim(ref, run_id, fp, self.lease_for(route))
+                record = await self.store.claim(
+                    ref, run_id, fp, self.lease_for(route), EXPIRED_POLICY[route.on_unknown_outcome]
+                )
                 if record is None or (record.run_id == run_id and record.state is State.IN_FLIGHT):
                     break
                 self._check_fingerprint(route, ref, record.fingerprint, fp)
                 if record.state is State.COMPLETED and record.response is not None:
                     return self._replay(route, record.response, "waited" if waited else "replayed")
                 if record.state in OPEN_STATES:
+                    if record.state is State.UNRESOLVED and self.reconciler is not None:
+                        after = await self.reconciler.check(route, record, min_interval=0)
+                        if after in ("completed", "released"):
+                            continue  # look again: replay it, or run it
+                        record = await self.store.get(ref) or record
                     raise self._open_conflict(route, ref, record)
                 if route.concurrent == "reject":
                     raise self._conflict(route, ref, "in_flight")
@@ -219,13 +238,10 @@ class Engine:
                 if task is not None:
                     task.uncancel()  # we handle it; later awaits must not see it
                 reason = "the gateway shut down before the upstream answered"
-                await self._settle(
-                    self.store.mark_unresolved(ref, run_id, reason), ref, "unresolved"
-                )
-                self.metrics.count(route.name, "unknown_outcome")
+                await self._unknown(route, ref, run_id, reason)
                 raise OutcomeUnknown(reason, route=route.name, key=ref.key) from None
             except NotSent as exc:
-                await self._settle(self.store.release(ref, run_id), ref, "release")
+                await self._release(route, ref, run_id, f"not sent: {exc.reason}")
                 self.metrics.count(route.name, "upstream_error")
                 raise UpstreamFailed(
                     f"{exc.reason}. The key was released, so a retry runs the job.",
@@ -233,14 +249,7 @@ class Engine:
                     key=ref.key,
                 ) from exc
             except OutcomeLost as exc:
-                if route.on_unknown_outcome == "release":
-                    await self._settle(self.store.release(ref, run_id), ref, "release")
-                else:
-                    await self._settle(
-                        self.store.mark_unresolved(ref, run_id, exc.reason), ref, "unresolved"
-                    )
-                self.metrics.count(route.name, "unknown_outcome")
-                log.warning("outcome unknown on %s key %r: %s", route.name, ref.key, exc.reason)
+                await self._unknown(route, ref, run_id, exc.reason)
                 raise OutcomeUnknown(
                     f"{exc.reason}. The upstream may have done the work; the gateway will "
                     "not resend it blind.",
@@ -248,7 +257,7 @@ class Engine:
                     key=ref.key,
                 ) from exc
             if response.status not in route.cache_statuses:
-                await self._settle(self.store.release(ref, run_id), ref, "release")
+                await self._release(route, ref, run_id, f"upstream answered {response.status}")
                 self.metrics.count(route.name, "upstream_error")
                 return Reply(response.status, response.headers, response.body)
             stored = self._to_store(route, response)
@@ -261,6 +270,23 @@ class Engine:
             self._local.pop(ref.digest, None)
             if not done.done():
                 done.set_result(stored)
+
+    async def _release(self, route: Route, ref: KeyRef, run_id: str, reason: str) -> None:
+        await self._settle(
+            self.store.release(ref, run_id, route.response_ttl, reason), ref, "release"
+        )
+
+    async def _unknown(self, route: Route, ref: KeyRef, run_id: str, reason: str) -> None:
+        """The request may have run: keep the key open per route policy, never free."""
+        self.metrics.count(route.name, "unknown_outcome")
+        log.warning("outcome unknown on %s key %r: %s", route.name, ref.key, reason)
+        if route.on_unknown_outcome == "release":
+            await self._release(route, ref, run_id, f"{reason}; route policy: release")
+            return
+        park = route.on_unknown_outcome == "park"
+        await self._settle(
+            self.store.mark_unresolved(ref, run_id, reason, park=park), ref, "unresolved"
+        )
 
     async def _settle(self, change: Awaitable[bool], ref: KeyRef, what: str) -> None:
         """Record the outcome. If the store fails now, the record stays in flight and

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gateway.records import OPEN_STATES
+
+if TYPE_CHECKING:
+    from gateway.store.base import StateCount
 
 #: Every value the `outcome` label takes, so dashboards can rely on the set.
 OUTCOMES = (
@@ -57,6 +64,49 @@ class Metrics:
             ["route"],
             registry=self.registry,
         )
+
+        self.reconcile = Counter(
+            prefix + "reconcile",
+            "Checks of unknown outcomes with the upstream, by result.",
+            ["route", "result"],
+            registry=self.registry,
+        )
+        self.operator_actions = Counter(
+            prefix + "operator_actions",
+            "Operator API actions that changed a record.",
+            ["action"],
+            registry=self.registry,
+        )
+        self.keys = Gauge(
+            prefix + "keys",
+            "Unresolved, parked and claimed keys, cluster-wide (read from the store).",
+            ["route", "state"],
+            registry=self.registry,
+        )
+        self.oldest_key_age = Gauge(
+            prefix + "oldest_key_age_seconds",
+            "Age in its state of the oldest unresolved, parked or claimed key.",
+            ["route", "state"],
+            registry=self.registry,
+        )
+        self.store_up = Gauge(
+            prefix + "store_up",
+            "1 if the last read of the store for these metrics succeeded.",
+            registry=self.registry,
+        )
+
+    def set_key_stats(self, stats: list[StateCount], routes: list[str]) -> None:
+        """Replace the key gauges with a fresh read; every route and open state is
+        present, at 0 when empty, so an alert on absence is never needed."""
+        self.keys.clear()
+        self.oldest_key_age.clear()
+        for route in routes:
+            for state in OPEN_STATES:
+                self.keys.labels(route, str(state)).set(0)
+                self.oldest_key_age.labels(route, str(state)).set(0)
+        for stat in stats:
+            self.keys.labels(stat.route, str(stat.state)).set(stat.count)
+            self.oldest_key_age.labels(stat.route, str(stat.state)).set(stat.oldest_seconds)
 
     def count(self, route: str, outcome: str) -> None:
         self.requests.labels(route, outcome).inc()

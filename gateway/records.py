@@ -1,21 +1,23 @@
 """What the store keeps about a key: its state, its owner and the response to replay.
 
 Every legal move of a key, in one place (the store scripts enforce these; the
-engine and the operator API only ask for them):
+engine, the reconciler and the operator API only ask for them):
 
-    (none)      --claim-->            in_flight   (a run id holds a lease)
-    in_flight   --complete(run)-->    completed   (response stored, replayed, expires)
-    in_flight   --release(run)-->     (none)      (never sent, or a status not cached)
-    in_flight   --unknown(run)-->     unresolved  (sent, answer lost; or lease ran out)
-    unresolved  --complete-->         completed   (a late answer, or reconciled done)
-    unresolved  --release-->          (none)      (reconciled not done, or policy release)
-    unresolved  --park-->             parked      (no conclusive check in time)
-    parked      --claim(operator)-->  claimed
-    claimed     --claim(force)-->     claimed     (takeover, recorded)
-    claimed     --resolve(done)-->    completed
-    claimed     --resolve(retry)-->   (none)
+    (none)|released --claim-->          in_flight   (a run id holds a lease)
+    in_flight   --complete(run)-->      completed   (response stored, replayed, expires)
+    in_flight   --release(run)-->       (none)      (never sent, or a status not cached)
+    in_flight   --unknown(run)-->       unresolved | parked (per route policy)
+    in_flight   --lease ran out-->      unresolved | parked | released (per route policy)
+    unresolved  --complete(run)-->      completed   (a late answer)
+    unresolved  --check: done-->        completed   (the upstream says it ran)
+    unresolved  --check: not done-->    released    (the upstream says it did not)
+    unresolved  --check: inconclusive-> unresolved, or parked after park_after
+    unresolved|parked|claimed --operator claim--> claimed (force: a recorded takeover)
+    claimed     --resolve(holder) done--> completed
+    claimed     --resolve(holder) retry-> released
 
-Unresolved, parked and claimed records never expire.
+Unresolved, parked and claimed records never expire. A released record is a
+tombstone that keeps its history until its ttl; the next claim carries it on.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class State(StrEnum):
     PARKED = "parked"
     #: a person has taken it (see `holder`)
     CLAIMED = "claimed"
+    #: decided "run it again" by a check or a person; the next request runs it
+    RELEASED = "released"
 
 
 #: States that need a decision before the key can run again.
@@ -100,6 +104,9 @@ class Record:
     reason: str = ""  # why it is unresolved
     since_ms: int = 0  # when it entered its current state
     holder: str = ""  # the operator holding a claimed record
+    holder_since_ms: int = 0
+    check_lock_ms: int = 0  # a check of the upstream holds the record until then
+    last_check_ms: int = 0
     reconcile: dict[str, Any] = field(default_factory=dict)  # last check and its answer
     history: tuple[dict[str, Any], ...] = ()
 
@@ -126,6 +133,7 @@ class Record:
             doc["reason"] = self.reason
         if self.holder:
             doc["holder"] = self.holder
+            doc["holder_since_ms"] = self.holder_since_ms
         if self.reconcile:
             doc["reconcile"] = self.reconcile
         if self.response is not None:
@@ -134,5 +142,8 @@ class Record:
                 "origin": self.response.origin,
                 "body_omitted": self.response.body_omitted,
             }
-        doc["history"] = list(self.history)
+        # The current run's start is implied by `created_ms`, not stored twice; a
+        # history carried over from released runs comes before it.
+        created = {"at_ms": self.created_ms, "event": "forwarded", "run_id": self.run_id}
+        doc["history"] = sorted([*self.history, created], key=lambda e: int(e["at_ms"]))
         return doc

@@ -90,12 +90,13 @@ class GatewayClient:
 async def gateway_for(
     make_store: Callable[[], Store], upstream: Process
 ) -> AsyncIterator[Callable[..., Any]]:
-    """`await gateway_for(routes, **top)` gives a started GatewayClient."""
+    """`await gateway_for(routes, **top)` gives a started GatewayClient (no sweep:
+    tests that want one run it themselves)."""
     opened: list[GatewayClient] = []
 
-    async def build(routes: list[dict[str, Any]], **top: Any) -> GatewayClient:
+    async def build(routes: list[dict[str, Any]], sweep: bool = False, **top: Any) -> GatewayClient:
         config = config_for(upstream.url, routes, **top)
-        gateway = Gateway(config, store=make_store())
+        gateway = Gateway(config, store=make_store(), sweep=sweep)
         await gateway.start()
         client = GatewayClient(gateway)
         opened.append(client)

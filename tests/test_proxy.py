@@ -267,13 +267,13 @@ async def test_timeout_after_send_is_504_and_never_resent(
     assert problem(first)["key"] == key
     repeat = await gw.post("/jobs/send-reminder", json=body, params={"sleep": "1"})
     assert repeat.status_code == 409
-    assert problem(repeat)["state"] == "unresolved"
+    assert problem(repeat)["state"] == "parked"  # the default policy hands it to a person
     await asyncio.sleep(0.8)  # the handler finishes; still nothing is resent
     again = await gw.post("/jobs/send-reminder", json=body, params={"sleep": "1"})
     assert again.status_code == 409
     assert await upstream_count(upstream, key) == 1
     record = await _record(gw, key)  # kept, not released
-    assert record is not None and record.state is State.UNRESOLVED
+    assert record is not None and record.state is State.PARKED
     assert "0.3s" in record.reason
 
 

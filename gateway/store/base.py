@@ -15,11 +15,15 @@ from __future__ import annotations
 import abc
 import asyncio
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, Literal
 
-from gateway.records import KeyRef, Record, State, StoredResponse
+from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredResponse
+
+#: What an in_flight record whose lease ran out becomes, per route policy.
+ExpiredPolicy = Literal["unresolved", "parked", "release"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +32,18 @@ class StateCount:
     state: State
     count: int
     oldest_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorResult:
+    ok: bool
+    #: the record's state: after the change when ok, as found when refused
+    state: str = ""
+    #: why it was refused: "held" (another operator holds it), "holder" (only the
+    #: holder may resolve), "state" (not a legal move from `state`), "missing"
+    refused: str = ""
+    holder: str = ""
+    holder_since_ms: int = 0
 
 
 class Store(abc.ABC):
@@ -45,20 +61,28 @@ class Store(abc.ABC):
     async def ping(self) -> None:  # noqa: B027 - an in-process store always answers
         """Raise StoreError unless the store answers."""
 
+    # -- the request path -------------------------------------------------------
+
     @abc.abstractmethod
     async def claim(
-        self, ref: KeyRef, run_id: str, fingerprint: str, lease: float
+        self,
+        ref: KeyRef,
+        run_id: str,
+        fingerprint: str,
+        lease: float,
+        expired: ExpiredPolicy = "unresolved",
     ) -> Record | None:
         """Claim `ref` for `run_id`, or read what is there, in one atomic step.
 
-        Returns None when the key was free: it is now `in_flight`, owned by `run_id`,
-        with a lease of `lease` seconds from the store's clock. A claim repeated by the
-        same run id (a retried command) returns the record it already created, which
-        the caller recognises by its run id.
+        Returns None when the key was free (or `released`): it is now `in_flight`,
+        owned by `run_id`, with a lease of `lease` seconds from the store's clock; a
+        released record's history is carried on. A claim repeated by the same run id
+        (a retried command) returns the record it already created, which the caller
+        recognises by its run id.
 
         Otherwise returns the record. An `in_flight` record whose lease has run out
-        (the gateway holding it died) is turned `unresolved` first, reason
-        "lease_expired": it is never released blind.
+        (the gateway holding it died) first becomes what `expired` says, reason
+        "lease_expired": never released blind unless the route says so.
         """
 
     @abc.abstractmethod
@@ -74,19 +98,95 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def release(self, ref: KeyRef, run_id: str) -> bool:
-        """Delete the record so the next request runs, if `run_id` owns it and it is
-        `in_flight`. Returns False otherwise. Waiters are notified."""
+    async def release(self, ref: KeyRef, run_id: str, ttl: float, reason: str) -> bool:
+        """Free the key so the next request runs, if `run_id` owns it in flight.
+        A record with a history becomes a `released` tombstone (expiring after `ttl`)
+        so the story survives; others are deleted. False if someone else owns it."""
 
     @abc.abstractmethod
-    async def mark_unresolved(self, ref: KeyRef, run_id: str, reason: str) -> bool:
-        """Turn `run_id`'s `in_flight` record `unresolved` with `reason`; it no longer
-        expires. Returns False, changing nothing, if `run_id` does not own it in
-        `in_flight`. Waiters are notified."""
+    async def mark_unresolved(
+        self, ref: KeyRef, run_id: str, reason: str, *, park: bool = False
+    ) -> bool:
+        """Turn `run_id`'s `in_flight` record `unresolved` (or straight to `parked`)
+        with `reason`; it no longer expires. False, changing nothing, if `run_id`
+        does not own it in flight. Waiters are notified."""
 
     @abc.abstractmethod
     async def get(self, ref: KeyRef) -> Record | None:
-        """The record, or None. Reads only: an expired lease is reported as it is."""
+        """The record, or None. Reads only (ref.digest is all it needs)."""
+
+    # -- the sweep and the reconciler -----------------------------------------------
+
+    @abc.abstractmethod
+    async def expire_leases(
+        self, policy: Callable[[str], ExpiredPolicy], limit: int = 1000
+    ) -> list[tuple[KeyRef, str]]:
+        """Turn in-flight records whose lease ran out into what `policy(route)` says.
+        Returns what changed (at most `limit`); safe to run in every replica at once."""
+
+    @abc.abstractmethod
+    async def begin_check(self, ref: KeyRef, run_id: str, lock: float, min_interval: float) -> bool:
+        """Take the right to check an `unresolved` record with the upstream: True
+        for one caller across all replicas while `lock` lasts, and at most once per
+        `min_interval`. False if the record is not unresolved for `run_id`."""
+
+    @abc.abstractmethod
+    async def end_check(
+        self,
+        ref: KeyRef,
+        run_id: str,
+        result: str,
+        answer: dict[str, Any],
+        response: StoredResponse | None,
+        ttl: float,
+        park_after: float,
+    ) -> str:
+        """Record a check's `answer` in the history and act on `result`: "done"
+        completes with `response`, "not_done" releases, "inconclusive" keeps it
+        unresolved, or parks it once it has been unresolved for `park_after`.
+        Returns the state after, or "" if the record was no longer unresolved for
+        `run_id` (someone else settled it; nothing changed)."""
+
+    @abc.abstractmethod
+    async def park(self, ref: KeyRef, reason: str) -> bool:
+        """Hand an `unresolved` record to a person. False from any other state."""
+
+    # -- operators ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def operator_claim(self, ref: KeyRef, operator: str, force: bool) -> OperatorResult:
+        """Take an unresolved, parked or claimed record for `operator`, recording who
+        and when. Another operator's claim is refused (with holder and since) unless
+        `force`, which is recorded as a takeover. Claiming again as the holder is ok."""
+
+    @abc.abstractmethod
+    async def operator_resolve(
+        self,
+        ref: KeyRef,
+        operator: str,
+        outcome: str,
+        note: str,
+        response: StoredResponse | None,
+        ttl: float,
+    ) -> OperatorResult:
+        """Only the holder of a `claimed` record may resolve it: "done" completes it
+        with `response` (replayed to repeats), "retry" releases it. Recorded with
+        the note."""
+
+    @abc.abstractmethod
+    async def open_records(self, states: frozenset[State]) -> list[Record]:
+        """Every record in these states (in_flight, unresolved, parked, claimed),
+        read from the indexes, never by scanning the keyspace."""
+
+    async def stats(self) -> list[StateCount]:
+        """Count and oldest age per route of unresolved, parked and claimed records."""
+        groups: dict[tuple[str, State], list[float]] = {}
+        for record in await self.open_records(OPEN_STATES):
+            groups.setdefault((record.route, record.state), []).append(record.state_age)
+        return [
+            StateCount(route, state, len(ages), max(ages))
+            for (route, state), ages in sorted(groups.items())
+        ]
 
     async def wait(self, ref: KeyRef, watch: asyncio.Event, timeout: float) -> None:
         """Wait until `watch` (from `notifier.watch`) fires or a jittered fallback

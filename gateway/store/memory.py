@@ -1,32 +1,44 @@
 """The in-memory store: one process, nothing survives a restart.
 
 For the demo, tests and a single instance. It keeps the same contract as the Redis
-store (each method is one critical section: no await inside), but its records live
-in this process only: a restart forgets every completed key (so repeats run again)
-and every unresolved one (so nothing is left to reconcile), and two processes never
-see each other's keys. `run` refuses to start several workers on it.
+store, move for move (each method is one critical section: no await inside), but
+its records live in this process only: a restart forgets every completed key (so
+repeats run again) and every unresolved one (so nothing is left to reconcile), and
+two processes never see each other's keys. `run` refuses several workers on it.
 """
 
 from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from gateway.records import KeyRef, Record, State, StoredResponse
-from gateway.store.base import Store
+from gateway.store.base import ExpiredPolicy, OperatorResult, Store
+
+_INDEXED = (State.IN_FLIGHT, State.UNRESOLVED, State.PARKED, State.CLAIMED)
+_TOMBSTONE_TTL = 86400.0
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _event(now: int, event: str, **fields: Any) -> dict[str, Any]:
+    return {"at_ms": now, "event": event, **fields}
+
+
 class MemoryStore(Store):
     def __init__(self) -> None:
         super().__init__()
         self._records: dict[str, Record] = {}
-        self._expires: dict[str, int] = {}  # digest -> ms; only completed records expire
+        self._index: dict[State, set[str]] = {state: set() for state in _INDEXED}
+        self._expires: dict[str, int] = {}  # digest -> ms, for completed and released
         self._expiry_heap: list[tuple[int, str]] = []  # may hold stale entries
+
+    # -- helpers: the Lua library's equivalents ------------------------------------
 
     def _purge(self, now: int) -> None:
         # Amortised O(log n) a write: memory stays bounded by live records.
@@ -35,32 +47,102 @@ class MemoryStore(Store):
             _, digest = heapq.heappop(heap)
             expires = self._expires.get(digest)
             if expires is not None and expires <= now:
-                del self._expires[digest]
-                self._records.pop(digest, None)
+                self._drop(digest)
+
+    def _drop(self, digest: str) -> None:
+        record = self._records.pop(digest, None)
+        self._expires.pop(digest, None)
+        if record is not None and record.state in self._index:
+            self._index[record.state].discard(digest)
 
     def _read(self, digest: str, now: int) -> Record | None:
-        record = self._records.get(digest)
-        if record is None:
-            return None
         expires = self._expires.get(digest)
         if expires is not None and expires <= now:
-            del self._records[digest]
-            del self._expires[digest]
-            return None
-        return record
+            self._drop(digest)
+        return self._records.get(digest)
 
-    def _write(self, record: Record) -> None:
+    def _put(self, record: Record, *, ttl: float | None = None, notify: bool = True) -> None:
+        old = self._records.get(record.digest)
+        if old is not None and old.state in self._index:
+            self._index[old.state].discard(record.digest)
+        if record.state in self._index:
+            self._index[record.state].add(record.digest)
         self._records[record.digest] = record
-        self.notifier.notify(record.digest)
+        if ttl is None:
+            self._expires.pop(record.digest, None)
+        else:
+            expires = record.now_ms + int(ttl * 1000)
+            self._expires[record.digest] = expires
+            heapq.heappush(self._expiry_heap, (expires, record.digest))
+        if notify:
+            self.notifier.notify(record.digest)
+
+    def _move(
+        self, record: Record, state: State, now: int, *events: dict[str, Any], **changes: Any
+    ) -> Record:
+        return replace(
+            record,
+            state=state,
+            since_ms=now,
+            now_ms=now,
+            history=(*record.history, *events),
+            **changes,
+        )
+
+    def _settle(
+        self,
+        record: Record,
+        state: State,
+        now: int,
+        ttl: float,
+        *events: dict[str, Any],
+        **changes: Any,
+    ) -> None:
+        moved = self._move(
+            record,
+            state,
+            now,
+            *events,
+            lease_until_ms=0,
+            check_lock_ms=0,
+            holder="",
+            holder_since_ms=0,
+            **changes,
+        )
+        self._put(moved, ttl=ttl)
+
+    def _unknown(self, record: Record, target: State, now: int, reason: str) -> Record:
+        events = [_event(now, "unknown", reason=reason)]
+        if target is State.PARKED:
+            events.append(_event(now, "parked", reason="route policy: park"))
+        moved = self._move(record, target, now, *events, reason=reason, lease_until_ms=0)
+        self._put(moved)
+        return moved
+
+    def _expire_lease(self, record: Record, now: int, policy: ExpiredPolicy) -> Record:
+        if policy == "release":
+            event = _event(now, "released", reason="lease expired; route policy: release")
+            self._settle(record, State.RELEASED, now, _TOMBSTONE_TTL, event)
+            return self._records[record.digest]
+        return self._unknown(record, State(policy), now, "lease_expired")
+
+    # -- the request path -------------------------------------------------------
 
     async def claim(
-        self, ref: KeyRef, run_id: str, fingerprint: str, lease: float
+        self,
+        ref: KeyRef,
+        run_id: str,
+        fingerprint: str,
+        lease: float,
+        expired: ExpiredPolicy = "unresolved",
     ) -> Record | None:
         now = _now_ms()
         self._purge(now)
         record = self._read(ref.digest, now)
-        if record is None:
-            self._records[ref.digest] = Record(
+        if record is not None and record.state is State.IN_FLIGHT and record.lease_until_ms <= now:
+            record = self._expire_lease(record, now, expired)
+        if record is None or record.state is State.RELEASED:
+            fresh = Record(
                 digest=ref.digest,
                 route=ref.route,
                 key=ref.key,
@@ -71,17 +153,10 @@ class MemoryStore(Store):
                 now_ms=now,
                 since_ms=now,
                 lease_until_ms=now + int(lease * 1000),
+                history=record.history if record is not None else (),
             )
+            self._put(fresh, notify=False)
             return None
-        if record.state is State.IN_FLIGHT and record.lease_until_ms <= now:
-            record = replace(
-                record,
-                state=State.UNRESOLVED,
-                reason="lease_expired",
-                since_ms=now,
-                history=(*record.history, _event(now, "unknown", reason="lease_expired")),
-            )
-            self._write(record)
         return replace(record, now_ms=now)
 
     async def complete(
@@ -95,51 +170,39 @@ class MemoryStore(Store):
             return True  # a repeated completion of our own run
         if record.state not in (State.IN_FLIGHT, State.UNRESOLVED):
             return False
-        history = record.history
-        if record.state is State.UNRESOLVED:
-            history = (*history, _event(now, "completed", origin=response.origin))
-        self._write(
-            replace(
-                record,
-                state=State.COMPLETED,
-                response=response,
-                since_ms=now,
-                lease_until_ms=0,
-                history=history,
-            )
-        )
-        expires = now + int(ttl * 1000)
-        self._expires[ref.digest] = expires
-        heapq.heappush(self._expiry_heap, (expires, ref.digest))
+        events = []
+        if record.state is State.UNRESOLVED or record.history:
+            events.append(_event(now, "completed", origin=response.origin))
+        self._settle(record, State.COMPLETED, now, ttl, *events, response=response, reason="")
         return True
 
-    async def release(self, ref: KeyRef, run_id: str) -> bool:
-        record = self._read(ref.digest, _now_ms())
-        if record is None or record.run_id != run_id or record.state is not State.IN_FLIGHT:
+    async def release(self, ref: KeyRef, run_id: str, ttl: float, reason: str) -> bool:
+        now = _now_ms()
+        record = self._read(ref.digest, now)
+        if record is None:
+            return True
+        if record.run_id != run_id or record.state is not State.IN_FLIGHT:
             return False
-        del self._records[ref.digest]
+        if record.history:
+            self._settle(record, State.RELEASED, now, ttl, _event(now, "released", reason=reason))
+            return True
+        self._drop(ref.digest)
         self.notifier.notify(ref.digest)
         return True
 
-    async def mark_unresolved(self, ref: KeyRef, run_id: str, reason: str) -> bool:
+    async def mark_unresolved(
+        self, ref: KeyRef, run_id: str, reason: str, *, park: bool = False
+    ) -> bool:
         now = _now_ms()
         record = self._read(ref.digest, now)
+        target = State.PARKED if park else State.UNRESOLVED
         if record is None or record.run_id != run_id:
             return False
-        if record.state is State.UNRESOLVED and record.reason == reason:
+        if record.state is target and record.reason == reason:
             return True
         if record.state is not State.IN_FLIGHT:
             return False
-        self._write(
-            replace(
-                record,
-                state=State.UNRESOLVED,
-                reason=reason,
-                since_ms=now,
-                lease_until_ms=0,
-                history=(*record.history, _event(now, "unknown", reason=reason)),
-            )
-        )
+        self._unknown(record, target, now, reason)
         return True
 
     async def get(self, ref: KeyRef) -> Record | None:
@@ -147,6 +210,137 @@ class MemoryStore(Store):
         record = self._read(ref.digest, now)
         return None if record is None else replace(record, now_ms=now)
 
+    # -- the sweep and the reconciler -----------------------------------------------
 
-def _event(now: int, event: str, **fields: str) -> dict[str, str | int]:
-    return {"at_ms": now, "event": event, **fields}
+    async def expire_leases(
+        self, policy: Callable[[str], ExpiredPolicy], limit: int = 1000
+    ) -> list[tuple[KeyRef, str]]:
+        now = _now_ms()
+        changed: list[tuple[KeyRef, str]] = []
+        for digest in list(self._index[State.IN_FLIGHT]):
+            record = self._records[digest]
+            if record.lease_until_ms > now:
+                continue
+            after = self._expire_lease(record, now, policy(record.route))
+            changed.append((KeyRef(digest, record.route, record.key), str(after.state)))
+            if len(changed) >= limit:
+                break
+        return changed
+
+    async def begin_check(self, ref: KeyRef, run_id: str, lock: float, min_interval: float) -> bool:
+        now = _now_ms()
+        record = self._read(ref.digest, now)
+        if record is None or record.state is not State.UNRESOLVED or record.run_id != run_id:
+            return False
+        if record.check_lock_ms > now or now - record.last_check_ms < min_interval * 1000:
+            return False
+        self._put(
+            replace(record, check_lock_ms=now + int(lock * 1000), last_check_ms=now), notify=False
+        )
+        return True
+
+    async def end_check(
+        self,
+        ref: KeyRef,
+        run_id: str,
+        result: str,
+        answer: dict[str, Any],
+        response: StoredResponse | None,
+        ttl: float,
+        park_after: float,
+    ) -> str:
+        now = _now_ms()
+        record = self._read(ref.digest, now)
+        if record is None or record.state is not State.UNRESOLVED or record.run_id != run_id:
+            return ""
+        checked = _event(now, "reconcile", result=result, answer=answer)
+        record = replace(record, check_lock_ms=0, reconcile=answer)
+        if result == "done":
+            self._settle(record, State.COMPLETED, now, ttl, checked, response=response)
+            return "completed"
+        if result == "not_done":
+            released = _event(now, "released", reason="the upstream says it did not run")
+            self._settle(record, State.RELEASED, now, ttl, checked, released)
+            return "released"
+        if now - record.since_ms >= park_after * 1000:
+            parked = _event(now, "parked", reason="no conclusive check within park_after")
+            self._put(self._move(record, State.PARKED, now, checked, parked))
+            return "parked"
+        self._put(replace(record, history=(*record.history, checked)), notify=False)
+        return "unresolved"
+
+    async def park(self, ref: KeyRef, reason: str) -> bool:
+        now = _now_ms()
+        record = self._read(ref.digest, now)
+        if record is None or record.state is not State.UNRESOLVED:
+            return False
+        self._put(
+            self._move(
+                record, State.PARKED, now, _event(now, "parked", reason=reason), check_lock_ms=0
+            )
+        )
+        return True
+
+    # -- operators ---------------------------------------------------------------
+
+    async def operator_claim(self, ref: KeyRef, operator: str, force: bool) -> OperatorResult:
+        now = _now_ms()
+        record = self._read(ref.digest, now)
+        if record is None:
+            return OperatorResult(False, refused="missing", state="missing")
+        if record.state not in (State.UNRESOLVED, State.PARKED, State.CLAIMED):
+            return OperatorResult(False, state=str(record.state), refused="state")
+        if record.state is State.CLAIMED:
+            if record.holder == operator:
+                return OperatorResult(
+                    True, state="claimed", holder=operator, holder_since_ms=record.holder_since_ms
+                )
+            if not force:
+                return OperatorResult(
+                    False,
+                    state="claimed",
+                    refused="held",
+                    holder=record.holder,
+                    holder_since_ms=record.holder_since_ms,
+                )
+            event = _event(now, "claimed", operator=operator, takeover_from=record.holder)
+        else:
+            event = _event(now, "claimed", operator=operator)
+        moved = self._move(
+            record, State.CLAIMED, now, event, holder=operator, holder_since_ms=now, check_lock_ms=0
+        )
+        self._put(moved)
+        return OperatorResult(True, state="claimed", holder=operator, holder_since_ms=now)
+
+    async def operator_resolve(
+        self,
+        ref: KeyRef,
+        operator: str,
+        outcome: str,
+        note: str,
+        response: StoredResponse | None,
+        ttl: float,
+    ) -> OperatorResult:
+        now = _now_ms()
+        record = self._read(ref.digest, now)
+        if record is None:
+            return OperatorResult(False, refused="missing", state="missing")
+        if record.state is not State.CLAIMED:
+            return OperatorResult(False, state=str(record.state), refused="state")
+        if record.holder != operator:
+            return OperatorResult(False, state="claimed", refused="holder", holder=record.holder)
+        event = _event(now, "resolved", operator=operator, outcome=outcome, note=note)
+        if outcome == "done":
+            self._settle(record, State.COMPLETED, now, ttl, event, response=response)
+            return OperatorResult(True, state="completed")
+        self._settle(record, State.RELEASED, now, ttl, event)
+        return OperatorResult(True, state="released")
+
+    async def open_records(self, states: frozenset[State]) -> list[Record]:
+        now = _now_ms()
+        return [
+            replace(self._records[digest], now_ms=now)
+            for state in _INDEXED
+            if state in states
+            for digest in self._index[state]
+        ]

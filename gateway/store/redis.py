@@ -4,7 +4,9 @@ Layout, for a prefix `idem:` and a record digest `d` in bucket `b` (0..BUCKETS-1
 
     idem:{b}:d               hash: the record (fields in _FIELDS)
     idem:{b}:i:in_flight     zset: in-flight members by lease deadline (the sweep's work list)
-    idem:{b}:i:unresolved    zset: unresolved members by the time they became so
+    idem:{b}:i:unresolved    zset: members by the time they entered the state; likewise
+    idem:{b}:i:parked              for parked and claimed: listings and age metrics read
+    idem:{b}:i:claimed             these, never the keyspace
     idem:{b}:c               sharded pub/sub channel: a member changed
 
 A member is `digest/route`. Everything a script touches shares the `{b}` hash tag,
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -32,9 +35,23 @@ from redis.retry import Retry
 
 from gateway.errors import StoreError
 from gateway.records import KeyRef, Record, State, StoredResponse
-from gateway.store.base import Store
+from gateway.store.base import ExpiredPolicy, OperatorResult, Store
 
 log = logging.getLogger("gateway.store")
+
+_INDEXED = ("in_flight", "unresolved", "parked", "claimed")
+_SCRIPTS = (
+    "claim",
+    "complete",
+    "release",
+    "unresolved",
+    "expire",
+    "check_begin",
+    "check_end",
+    "park",
+    "op_claim",
+    "op_resolve",
+)
 
 #: Records are spread over this many hash tags: enough to balance a cluster's
 #: shards, few enough that the sweep and the metrics read every index cheaply.
@@ -76,8 +93,7 @@ class RedisStore(Store):
         )
         self.client = aioredis.Redis.from_pool(pool)  # owns it: aclose() closes it
         self._scripts: dict[str, AsyncScript] = {
-            name: self.client.register_script(_script_source(name))
-            for name in ("claim", "complete", "release", "unresolved")
+            name: self.client.register_script(_script_source(name)) for name in _SCRIPTS
         }
         self._channels = [self._tag(b) + "c" for b in range(BUCKETS)]
         self._listener: asyncio.Task[None] | None = None
@@ -85,14 +101,16 @@ class RedisStore(Store):
     def _tag(self, bucket: int) -> str:
         return f"{self.prefix}{{{bucket:02x}}}:"
 
-    def _names(self, ref: KeyRef) -> tuple[list[str], str, str]:
+    def _keys(self, ref: KeyRef) -> tuple[list[str], list[str]]:
+        """The script KEYS and the two ARGV every script starts with."""
         tag = self._tag(int(ref.digest[:4], 16) % BUCKETS)
-        keys = [tag + ref.digest, tag + "i:in_flight", tag + "i:unresolved"]
-        return keys, f"{ref.digest}/{ref.route}", tag + "c"
+        keys = [tag + ref.digest, *(tag + "i:" + state for state in _INDEXED)]
+        return keys, [f"{ref.digest}/{ref.route}", tag + "c"]
 
-    async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+    async def _run(self, name: str, ref: KeyRef, *args: Any) -> Any:
+        keys, head = self._keys(ref)
         try:
-            return await self._scripts[name](keys=keys, args=args)
+            return await self._scripts[name](keys=keys, args=[*head, *args])
         except RedisError as exc:
             raise StoreError(f"redis {name} failed: {exc}") from exc
 
@@ -121,13 +139,15 @@ class RedisStore(Store):
             raise StoreError(f"redis unreachable: {exc}") from exc
 
     async def claim(
-        self, ref: KeyRef, run_id: str, fingerprint: str, lease: float
+        self,
+        ref: KeyRef,
+        run_id: str,
+        fingerprint: str,
+        lease: float,
+        expired: ExpiredPolicy = "unresolved",
     ) -> Record | None:
-        keys, member, channel = self._names(ref)
         reply = await self._run(
-            "claim",
-            keys,
-            [run_id, fingerprint, int(lease * 1000), ref.route, ref.key, member, channel],
+            "claim", ref, run_id, fingerprint, _ms(lease), ref.route, ref.key, expired
         )
         if reply[0] == 1:
             return None
@@ -136,31 +156,145 @@ class RedisStore(Store):
     async def complete(
         self, ref: KeyRef, run_id: str, response: StoredResponse, ttl: float
     ) -> bool:
-        keys, member, channel = self._names(ref)
-        args = [run_id, response.encode(), max(1, int(ttl * 1000)), member, channel]
-        return bool(await self._run("complete", keys, [*args, response.origin]))
+        return bool(
+            await self._run("complete", ref, run_id, response.encode(), _ms(ttl), response.origin)
+        )
 
-    async def release(self, ref: KeyRef, run_id: str) -> bool:
-        keys, member, channel = self._names(ref)
-        return bool(await self._run("release", keys[:2], [run_id, member, channel]))
+    async def release(self, ref: KeyRef, run_id: str, ttl: float, reason: str) -> bool:
+        return bool(await self._run("release", ref, run_id, _ms(ttl), reason))
 
-    async def mark_unresolved(self, ref: KeyRef, run_id: str, reason: str) -> bool:
-        keys, member, channel = self._names(ref)
-        return bool(await self._run("unresolved", keys, [run_id, reason, member, channel]))
+    async def mark_unresolved(
+        self, ref: KeyRef, run_id: str, reason: str, *, park: bool = False
+    ) -> bool:
+        target = "parked" if park else "unresolved"
+        return bool(await self._run("unresolved", ref, run_id, reason, target))
 
     async def get(self, ref: KeyRef) -> Record | None:
-        keys, _, _ = self._names(ref)
+        records = await self._read_many([ref.digest])
+        return records[0]
+
+    async def _read_many(self, digests: list[str]) -> list[Record | None]:
+        """Records by digest with the store's clock, in one pipeline."""
         try:
-            async with self.client.pipeline(transaction=True) as pipe:
+            async with self.client.pipeline(transaction=False) as pipe:
                 pipe.time()
-                pipe.hgetall(keys[0])
-                (seconds, micros), fields = await pipe.execute()
+                for digest in digests:
+                    pipe.hgetall(self._tag(int(digest[:4], 16) % BUCKETS) + digest)
+                (seconds, micros), *replies = await pipe.execute()
         except RedisError as exc:
             raise StoreError(f"redis read failed: {exc}") from exc
-        if not fields:
-            return None
-        flat: list[Any] = [x for pair in fields.items() for x in pair]
-        return _record(ref.digest, seconds * 1000 + micros // 1000, flat)
+        now = seconds * 1000 + micros // 1000
+        return [
+            _record(digest, now, [x for pair in fields.items() for x in pair]) if fields else None
+            for digest, fields in zip(digests, replies, strict=True)
+        ]
+
+    async def _members(self, index: str, max_score: str = "+inf") -> list[tuple[str, str]]:
+        """(digest, route) of every member of one index, across all buckets."""
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for bucket in range(BUCKETS):
+                    pipe.zrangebyscore(self._tag(bucket) + "i:" + index, "-inf", max_score)
+                replies = await pipe.execute()
+        except RedisError as exc:
+            raise StoreError(f"redis index read failed: {exc}") from exc
+        members: list[tuple[str, str]] = []
+        for reply in replies:
+            for member in reply:
+                digest, _, route = member.decode().partition("/")
+                members.append((digest, route))
+        return members
+
+    async def expire_leases(
+        self, policy: Callable[[str], ExpiredPolicy], limit: int = 1000
+    ) -> list[tuple[KeyRef, str]]:
+        seconds, micros = await self.client.time()
+        now_ms = str(seconds * 1000 + micros // 1000)
+        changed: list[tuple[KeyRef, str]] = []
+        for digest, route in (await self._members("in_flight", now_ms))[:limit]:
+            ref = KeyRef(digest, route, "")
+            after = await self._run("expire", ref, policy(route))
+            if after:
+                changed.append((ref, _text(after)))
+        return changed
+
+    async def begin_check(self, ref: KeyRef, run_id: str, lock: float, min_interval: float) -> bool:
+        return bool(await self._run("check_begin", ref, run_id, _ms(lock), _ms(min_interval)))
+
+    async def end_check(
+        self,
+        ref: KeyRef,
+        run_id: str,
+        result: str,
+        answer: dict[str, Any],
+        response: StoredResponse | None,
+        ttl: float,
+        park_after: float,
+    ) -> str:
+        after = await self._run(
+            "check_end",
+            ref,
+            run_id,
+            result,
+            json.dumps(answer),
+            response.encode() if response is not None else b"",
+            _ms(ttl),
+            _ms(park_after),
+        )
+        return _text(after) if after else ""
+
+    async def park(self, ref: KeyRef, reason: str) -> bool:
+        return bool(await self._run("park", ref, reason))
+
+    async def operator_claim(self, ref: KeyRef, operator: str, force: bool) -> OperatorResult:
+        reply = await self._run("op_claim", ref, operator, "1" if force else "0")
+        if reply[0] == 1:
+            record = await self.get(ref)
+            since = record.holder_since_ms if record is not None else 0
+            return OperatorResult(True, state="claimed", holder=operator, holder_since_ms=since)
+        if _text(reply[1]) == "held":
+            return OperatorResult(
+                False,
+                state="claimed",
+                refused="held",
+                holder=_text(reply[2]),
+                holder_since_ms=int(reply[3]),
+            )
+        state = _text(reply[2])
+        return OperatorResult(
+            False, state=state, refused="missing" if state == "missing" else "state"
+        )
+
+    async def operator_resolve(
+        self,
+        ref: KeyRef,
+        operator: str,
+        outcome: str,
+        note: str,
+        response: StoredResponse | None,
+        ttl: float,
+    ) -> OperatorResult:
+        body = response.encode() if response is not None else b""
+        reply = await self._run("op_resolve", ref, operator, outcome, note, body, _ms(ttl))
+        if reply[0] == 1:
+            return OperatorResult(True, state=_text(reply[1]))
+        kind, value = _text(reply[1]), _text(reply[2])
+        if kind == "holder":
+            return OperatorResult(False, state="claimed", refused="holder", holder=value)
+        return OperatorResult(
+            False, state=value, refused="missing" if value == "missing" else "state"
+        )
+
+    async def open_records(self, states: frozenset[State]) -> list[Record]:
+        digests = [
+            digest
+            for state in _INDEXED
+            if State(state) in states
+            for digest, _ in await self._members(state)
+        ]
+        if not digests:
+            return []
+        return [r for r in await self._read_many(digests) if r is not None]
 
     async def _listen(self) -> None:
         """One subscriber per process for every bucket's channel; waiters are woken
@@ -187,8 +321,14 @@ class RedisStore(Store):
                 delay = min(delay * 2, 2.0)
 
 
-def _text(value: bytes | None) -> str:
-    return value.decode() if value is not None else ""
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
 
 
 def _record(digest: str, now_ms: int, flat: list[Any]) -> Record:
@@ -210,6 +350,9 @@ def _record(digest: str, now_ms: int, flat: list[Any]) -> Record:
         reason=_text(fields.get(b"why")),
         since_ms=int(fields.get(b"u", 0)),
         holder=_text(fields.get(b"op")),
+        holder_since_ms=int(fields.get(b"os", 0)),
+        check_lock_ms=int(fields.get(b"ck", 0)),
+        last_check_ms=int(fields.get(b"lc", 0)),
         reconcile=reconcile if isinstance(reconcile, dict) else {},
         history=tuple(history) if isinstance(history, list) else (),
     )

@@ -1,17 +1,59 @@
--- Shared by every script (prepended when loaded). Keys of one record share a hash
--- tag: KEYS[1] the record, KEYS[2] the in-flight index (by lease deadline),
--- KEYS[3] the unresolved index; channel names carry the same tag, so every script
--- runs unchanged on Redis Cluster.
+-- Prepended to every script. The keys of one record share a hash tag:
+--   KEYS[1] the record, KEYS[2..5] the indexes of in_flight (by lease deadline),
+--   unresolved, parked and claimed members (by the time they entered the state).
+-- ARGV[1] is the record's index member ("digest/route"), ARGV[2] its bucket's
+-- sharded channel (same tag), so every script runs unchanged on Redis Cluster.
+local R = KEYS[1]
+local MEMBER, CHANNEL = ARGV[1], ARGV[2]
+local INDEX = {in_flight = KEYS[2], unresolved = KEYS[3], parked = KEYS[4], claimed = KEYS[5]}
+
 local function now_ms()
   -- The store's clock, never a gateway's: replicas with skewed clocks agree.
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function add_event(key, event)
-  local raw = redis.call('HGET', key, 'h')
+local function add_event(event)
+  local raw = redis.call('HGET', R, 'h')
   local list = {}
   if raw then list = cjson.decode(raw) end
   list[#list + 1] = event
-  redis.call('HSET', key, 'h', cjson.encode(list))
+  redis.call('HSET', R, 'h', cjson.encode(list))
+end
+
+-- Move the record to `to` (state and index), publish the change.
+local function move(from, to, now, score)
+  if INDEX[from] then redis.call('ZREM', INDEX[from], MEMBER) end
+  if INDEX[to] then redis.call('ZADD', INDEX[to], score or now, MEMBER) end
+  redis.call('HSET', R, 's', to, 'u', now)
+  redis.call('SPUBLISH', CHANNEL, MEMBER)
+end
+
+-- Completed records expire; released ones stay as tombstones (for their history)
+-- until the ttl, and the next claim takes over from them.
+local function settle(from, to, now, ttl_ms)
+  move(from, to, now)
+  redis.call('HDEL', R, 'l', 'ck', 'op', 'os')
+  redis.call('PEXPIRE', R, ttl_ms)
+end
+
+local function unknown(from, to, now, reason)
+  move(from, to, now)
+  redis.call('HSET', R, 'why', reason)
+  redis.call('HDEL', R, 'l')
+  redis.call('PERSIST', R)  -- an open record never expires
+  add_event({at_ms = now, event = 'unknown', reason = reason})
+  if to == 'parked' then add_event({at_ms = now, event = 'parked', reason = 'route policy: park'}) end
+end
+
+-- An in_flight record whose lease ran out: its gateway died mid-request.
+-- policy: 'unresolved' | 'parked' | 'release'. Returns the new state.
+local function expire_lease(now, policy)
+  if policy == 'release' then
+    add_event({at_ms = now, event = 'released', reason = 'lease expired; route policy: release'})
+    settle('in_flight', 'released', now, 86400000)
+    return 'released'
+  end
+  unknown('in_flight', policy, now, 'lease_expired')
+  return policy
 end

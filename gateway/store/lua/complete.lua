@@ -1,18 +1,15 @@
--- Store the response of the run that owns the key. ARGV: run_id, response, ttl_ms,
--- index member, channel, origin. Returns 1 when the record is (now) completed by
--- this run, 0 when another run or a person owns it: nothing is overwritten.
-local state = redis.call('HGET', KEYS[1], 's')
-if not state or redis.call('HGET', KEYS[1], 'r') ~= ARGV[1] then return 0 end
+-- Store the response of the run that owns the key, in flight or unresolved (a late
+-- answer is still the answer). ARGV: member, channel, run_id, response, ttl_ms, origin.
+-- Returns 1 when the record is (now) completed by this run, else 0: nothing changes.
+local state = redis.call('HGET', R, 's')
+if not state or redis.call('HGET', R, 'r') ~= ARGV[3] then return 0 end
 if state == 'completed' then return 1 end  -- our own completion, retried
 if state ~= 'in_flight' and state ~= 'unresolved' then return 0 end
 local now = now_ms()
-if state == 'unresolved' then
-  add_event(KEYS[1], {at_ms = now, event = 'completed', origin = ARGV[6]})
+if state == 'unresolved' or redis.call('HEXISTS', R, 'h') == 1 then
+  add_event({at_ms = now, event = 'completed', origin = ARGV[6]})
 end
-redis.call('HSET', KEYS[1], 's', 'completed', 'resp', ARGV[2], 'u', now)
-redis.call('HDEL', KEYS[1], 'l', 'why')
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('ZREM', KEYS[2], ARGV[4])
-redis.call('ZREM', KEYS[3], ARGV[4])
-redis.call('SPUBLISH', ARGV[5], ARGV[4])
+redis.call('HSET', R, 'resp', ARGV[4])
+redis.call('HDEL', R, 'why')
+settle(state, 'completed', now, ARGV[5])
 return 1

@@ -1,9 +1,17 @@
--- Free the key of the run that owns it, in flight. ARGV: run_id, index member,
--- channel. Returns 1 when released (or already gone), 0 when someone else owns it.
-local state = redis.call('HGET', KEYS[1], 's')
+-- Free the key of the run that owns it, in flight: the request was never sent, or
+-- its status is not cached. ARGV: member, channel, run_id, ttl_ms, reason.
+-- Returns 1 when released (or already gone), 0 when someone else holds it.
+local state = redis.call('HGET', R, 's')
 if not state then return 1 end
-if state ~= 'in_flight' or redis.call('HGET', KEYS[1], 'r') ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], ARGV[2])
-redis.call('SPUBLISH', ARGV[3], ARGV[2])
+if state ~= 'in_flight' or redis.call('HGET', R, 'r') ~= ARGV[3] then return 0 end
+if redis.call('HEXISTS', R, 'h') == 1 then
+  -- A record with a story keeps it: the next claim carries it on.
+  local now = now_ms()
+  add_event({at_ms = now, event = 'released', reason = ARGV[5]})
+  settle('in_flight', 'released', now, ARGV[4])
+  return 1
+end
+redis.call('DEL', R)
+redis.call('ZREM', INDEX.in_flight, MEMBER)
+redis.call('SPUBLISH', CHANNEL, MEMBER)
 return 1

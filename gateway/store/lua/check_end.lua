@@ -1,0 +1,27 @@
+-- Record a check's answer and act on it. ARGV: member, channel, run_id, result
+-- ('done' | 'not_done' | 'inconclusive'), answer (JSON), response, ttl_ms,
+-- park_after_ms. Returns the record's state after it, or 0 if the run no longer
+-- holds it unresolved (someone else settled it: nothing changes).
+local state = redis.call('HGET', R, 's')
+if state ~= 'unresolved' or redis.call('HGET', R, 'r') ~= ARGV[3] then return 0 end
+local now = now_ms()
+local answer = cjson.decode(ARGV[5])
+redis.call('HDEL', R, 'ck')
+redis.call('HSET', R, 'rc', ARGV[5])
+add_event({at_ms = now, event = 'reconcile', result = ARGV[4], answer = answer})
+if ARGV[4] == 'done' then
+  redis.call('HSET', R, 'resp', ARGV[6])
+  settle('unresolved', 'completed', now, ARGV[7])
+  return 'completed'
+elseif ARGV[4] == 'not_done' then
+  add_event({at_ms = now, event = 'released', reason = 'the upstream says it did not run'})
+  settle('unresolved', 'released', now, ARGV[7])
+  return 'released'
+end
+local since = tonumber(redis.call('HGET', R, 'u'))
+if now - since >= tonumber(ARGV[8]) then
+  add_event({at_ms = now, event = 'parked', reason = 'no conclusive check within park_after'})
+  move('unresolved', 'parked', now)
+  return 'parked'
+end
+return 'unresolved'

@@ -1,0 +1,17 @@
+-- The operator holding a record decides. ARGV: member, channel, operator, outcome
+-- ('done' | 'retry'), note, response, ttl_ms.
+-- Returns {1, new_state} | {0, 'holder', holder} | {0, 'state', state}.
+local state = redis.call('HGET', R, 's')
+if not state then return {0, 'state', 'missing'} end
+if state ~= 'claimed' then return {0, 'state', state} end
+local holder = redis.call('HGET', R, 'op')
+if holder ~= ARGV[3] then return {0, 'holder', holder} end
+local now = now_ms()
+add_event({at_ms = now, event = 'resolved', operator = ARGV[3], outcome = ARGV[4], note = ARGV[5]})
+if ARGV[4] == 'done' then
+  redis.call('HSET', R, 'resp', ARGV[6])
+  settle('claimed', 'completed', now, ARGV[7])
+  return {1, 'completed'}
+end
+settle('claimed', 'released', now, ARGV[7])
+return {1, 'released'}
