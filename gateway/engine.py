@@ -59,6 +59,9 @@ EXPIRED_POLICY: dict[str, ExpiredPolicy] = {
     "reconcile": "unresolved",
 }
 
+#: A shared read that failed: each sharer asks the store itself.
+_RETRY = object()
+
 #: Headers a stored response never keeps: per-caller state must not be replayed.
 NEVER_STORED = frozenset({"set-cookie", "set-cookie2"})
 
@@ -95,6 +98,7 @@ class Engine:
         self.metrics = metrics
         self._local: dict[str, _LocalRun] = {}
         self.tasks: set[asyncio.Task[Reply]] = set()
+        self._reading: dict[str, asyncio.Future[Record | object | None]] = {}
         self.reconciler: Reconciler | None = None  # set by the Gateway
         # The lease outlives the upstream deadline plus the store writes after it
         # (each may retry once), so a live gateway always settles its own keys.
@@ -175,11 +179,19 @@ class Engine:
             # Watch before reading, so a change between the read and the wait is seen.
             with self.store.notifier.watch(ref.digest) as changed:
                 run_id = secrets.token_hex(8)
-                record = await self.store.claim(
-                    ref, run_id, fp, self.lease_for(route), EXPIRED_POLICY[route.on_unknown_outcome]
-                )
-                if record is None or (record.run_id == run_id and record.state is State.IN_FLIGHT):
-                    break
+                shared = self._reading.get(ref.digest)
+                if shared is not None:
+                    # Another request of this process is reading this key right now:
+                    # share its answer instead of asking the store again.
+                    answer = await asyncio.shield(shared)
+                    if not isinstance(answer, Record):
+                        continue  # it claimed the key (wait on its run), or failed
+                    record = answer
+                else:
+                    claimed = await self._claim(route, ref, run_id, fp)
+                    if claimed is None:
+                        break
+                    record = claimed
                 self._check_fingerprint(route, ref, record.fingerprint, fp)
                 if record.state is State.COMPLETED and record.response is not None:
                     return self._replay(route, record.response, "waited" if waited else "replayed")
@@ -188,7 +200,6 @@ class Engine:
                         after = await self.reconciler.check(route, record, min_interval=0)
                         if after in ("completed", "released"):
                             continue  # look again: replay it, or run it
-                        record = await self.store.get(ref) or record
                     raise self._open_conflict(route, ref, record)
                 if route.concurrent == "reject":
                     raise self._conflict(route, ref, "in_flight")
@@ -198,6 +209,25 @@ class Engine:
                 waited = True
                 await self.store.wait(ref, changed, remaining)
         return await self._first(route, ref, run_id, fp, parts, origin)
+
+    async def _claim(self, route: Route, ref: KeyRef, run_id: str, fp: str) -> Record | None:
+        """Claim or read, publishing the answer to same-process requests for the key.
+        None: this run holds the key."""
+        sharing: asyncio.Future[Record | object | None] = asyncio.get_running_loop().create_future()
+        self._reading[ref.digest] = sharing
+        result: Record | object | None = _RETRY
+        try:
+            record = await self.store.claim(
+                ref, run_id, fp, self.lease_for(route), EXPIRED_POLICY[route.on_unknown_outcome]
+            )
+            mine = record is None or (record.run_id == run_id and record.state is State.IN_FLIGHT)
+            result = None if mine else record
+            return None if mine else record
+        finally:
+            # Sharers run only after this task next yields; by then a claimant has
+            # registered its local run (see _first), so they wait on it.
+            del self._reading[ref.digest]
+            sharing.set_result(result)
 
     async def _first(
         self,

@@ -1,0 +1,704 @@
+"""Which Python HTTP client should a Starlette reverse proxy use to forward to an upstream?
+
+Reproduces shared/measurements/upstream-clients.md on this machine:
+
+* upstream: nginx `return 200 '{"ok":true}'` (1 worker, keep-alive) on a free loopback port, or a
+  minimal uvicorn app when nginx is not installed;
+* contenders, one process at a time, each serving on its own free port:
+  - wrk straight to the upstream (reference), nginx `proxy_pass` (1 worker, upstream keep-alive),
+  - the Starlette catch-all proxy of proxy_app.py under uvicorn (1 worker, uvloop, httptools)
+    forwarding with httpx default limits (without and with `sniffio` importable), httpx with 128
+    connections, httpx2 with 128, httpx + httpx_aiohttp.AiohttpTransport with 128, and an aiohttp
+    ClientSession with TCPConnector(limit=128); `sniffio` is importable only in the "+ sniffio"
+    row (from --sniffio-dir, or the venv; when the venv has it, the other rows block it), so the
+    rows mean the same in every environment;
+* servers under test are pinned to --server-cpu (0), the load generator to --load-cpu (1):
+  `wrk -t1 -c32 -d8s --latency` POSTing a small JSON body with a unique Idempotency-Key per request,
+  or loadgen.py when wrk is missing;
+* runs alternate the contenders (run 1: all, run 2: all, ...); the table shows medians of req/s,
+  p50, p99 and of the per-run ratio to nginx proxy_pass.
+
+Every process started here is in its own session and is killed (process group) on exit, Ctrl-C,
+SIGTERM or error. Usage:
+
+    .venv/bin/python tests/benchmarks/clients.py [--duration 8] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import importlib.metadata
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from loadgen import DEFAULT_BODY, LoadResult
+
+HERE = Path(__file__).resolve().parent
+HOST = "127.0.0.1"
+PATH = "/v1/payments"
+UPSTREAM_BODY = '{"ok":true}'
+READY_TIMEOUT_S = 20.0
+DEFAULT_SNIFFIO_DIR = Path("/tmp/sniffio-site")
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+@dataclass(frozen=True)
+class Contender:
+    key: str
+    label: str
+    kind: str  # "direct" | "nginx" | "python"
+    client: str | None = None
+    sniffio: bool = False
+
+
+def all_contenders() -> list[Contender]:
+    hx, hx2 = _version("httpx"), _version("httpx2")
+    return [
+        Contender("direct", "upstream called directly", "direct"),
+        Contender("nginx", "nginx proxy_pass", "nginx"),
+        Contender(
+            "httpx-default", f"httpx {hx}, default limits (no sniffio)", "python", "httpx-default"
+        ),
+        Contender(
+            "httpx-default-sniffio",
+            f"httpx {hx}, default limits + sniffio {_sniffio_version()}",
+            "python",
+            "httpx-default",
+            sniffio=True,
+        ),
+        Contender("httpx-128", f"httpx {hx}, 128 connections", "python", "httpx-128"),
+        Contender("httpx2-128", f"httpx2 {hx2}, 128", "python", "httpx2-128"),
+        Contender(
+            "httpx-aiohttp-128",
+            f"httpx + AiohttpTransport (httpx-aiohttp {_version('httpx-aiohttp')}), 128",
+            "python",
+            "httpx-aiohttp-128",
+        ),
+        Contender(
+            "aiohttp-128",
+            f"aiohttp {_version('aiohttp')} ClientSession, TCPConnector limit 128",
+            "python",
+            "aiohttp-128",
+        ),
+    ]
+
+
+_SNIFFIO_DIR: Path | None = None
+
+
+def _sniffio_version() -> str:
+    if _SNIFFIO_DIR is None:
+        return _version("sniffio").replace("?", "")
+    for meta in sorted(_SNIFFIO_DIR.glob("sniffio-*.dist-info")):
+        return meta.name.removeprefix("sniffio-").removesuffix(".dist-info")
+    return ""
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class Processes:
+    """Starts children in their own sessions and always kills their whole process groups."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: dict[int, tuple[subprocess.Popen[bytes], Path]] = {}
+
+    def start(
+        self, name: str, argv: Sequence[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        log = self.log_dir / f"{name}.log"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        self.procs[proc.pid] = (proc, log)
+        return proc
+
+    def log_tail(self, proc: subprocess.Popen[bytes], lines: int = 20) -> str:
+        _, log = self.procs.get(proc.pid, (proc, None))
+        if log is None or not log.exists():
+            return ""
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+        """SIGTERM the child's process group (its pgid is its pid), then SIGKILL if needed."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout=timeout)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group (e.g. nginx workers)
+        self.procs.pop(proc.pid, None)
+
+    def stop_all(self) -> None:
+        for proc, _ in list(self.procs.values()):
+            self.stop(proc, timeout=3.0)
+
+
+def _raise_system_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def pinned(cpu: int | None, argv: Sequence[str]) -> list[str]:
+    taskset = shutil.which("taskset")
+    if cpu is None or taskset is None:
+        return list(argv)
+    return [taskset, "-c", str(cpu), *argv]
+
+
+def wait_ready(procs: Processes, proc: subprocess.Popen[bytes], port: int) -> None:
+    """Wait until a POST through `port` answers 200 with the upstream's body."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    last_error = "no answer"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"process {proc.args!r} exited with {proc.returncode}:\n{procs.log_tail(proc)}"
+            )
+        conn = http.client.HTTPConnection(HOST, port, timeout=2.0)
+        try:
+            conn.request(
+                "POST",
+                PATH,
+                body=DEFAULT_BODY,
+                headers={"Content-Type": "application/json", "Idempotency-Key": "ready"},
+            )
+            response = conn.getresponse()
+            data = response.read()
+            if response.status == 200 and json.loads(data) == json.loads(UPSTREAM_BODY):
+                return
+            last_error = f"{response.status} {data[:200]!r}"
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            last_error = repr(exc)
+        finally:
+            conn.close()
+        time.sleep(0.1)
+    raise RuntimeError(f"port {port} not ready after {READY_TIMEOUT_S}s: {last_error}")
+
+
+# --------------------------------------------------------------------------- nginx
+
+NGINX_COMMON = """\
+daemon off;
+master_process on;
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    keepalive_requests 1000000;
+    keepalive_timeout 75s;
+{body}
+}}
+"""
+
+NGINX_UPSTREAM = """\
+    server {{
+        listen {host}:{port} backlog=4096;
+        default_type application/json;
+        location / {{ return 200 '{response}'; }}
+    }}
+"""
+
+NGINX_PROXY = """\
+    upstream app {{
+        server {host}:{upstream_port};
+        keepalive 128;
+        keepalive_requests 1000000;
+    }}
+    server {{
+        listen {host}:{port} backlog=4096;
+        location / {{
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+"""
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None
+    )
+
+
+def start_nginx(
+    procs: Processes, binary: str, name: str, body: str, cpu: int | None
+) -> subprocess.Popen[bytes]:
+    conf_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=procs.log_dir))
+    conf_dir.chmod(0o755)  # workers may run as an unprivileged user
+    conf = conf_dir / "nginx.conf"
+    conf.write_text(NGINX_COMMON.format(dir=conf_dir, body=body))
+    argv = [binary, "-p", str(conf_dir), "-e", str(conf_dir / "error.log"), "-c", str(conf)]
+    return procs.start(name, pinned(cpu, argv))
+
+
+# --------------------------------------------------------------------------- load
+
+
+WRK_LUA = """\
+-- POST a small JSON body; every request has a unique Idempotency-Key.
+wrk.method = "POST"
+wrk.path = "{path}"
+wrk.body = '{body}'
+local counter = 0
+local prefix = "k"
+local hdrs = {{["Content-Type"] = "application/json", ["Idempotency-Key"] = ""}}
+
+function init(args)
+    prefix = args[1] or prefix
+end
+
+function request()
+    counter = counter + 1
+    hdrs["Idempotency-Key"] = prefix .. "-" .. counter
+    return wrk.format(nil, nil, hdrs, nil)
+end
+
+function done(summary, latency, requests)
+    local e = summary.errors
+    io.write(string.format(
+        'BENCH_JSON {{"requests":%d,"duration_us":%d,"p50_us":%.1f,"p99_us":%.1f,' ..
+        '"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d}}\\n',
+        summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+        e.connect, e.read, e.write, e.status, e.timeout))
+end
+"""
+
+
+@dataclass
+class LoadDriver:
+    """wrk (preferred) or loadgen.py, pinned to `cpu`; each call bounded in time."""
+
+    cpu: int | None
+    connections: int
+    work_dir: Path
+    wrk: str | None = field(default=None)
+    calls: int = 0
+
+    def __post_init__(self) -> None:
+        if self.wrk is not None:
+            self.lua = self.work_dir / "post.lua"
+            self.lua.write_text(WRK_LUA.format(path=PATH, body=DEFAULT_BODY.decode()))
+
+    @property
+    def name(self) -> str:
+        return "wrk" if self.wrk else "loadgen.py"
+
+    def run(self, port: int, duration: float) -> LoadResult:
+        self.calls += 1
+        prefix = f"r{os.getpid()}x{self.calls}"
+        timeout = duration + 30.0
+        if self.wrk is not None:
+            secs = max(1, round(duration))
+            argv = [
+                self.wrk,
+                "-t1",
+                f"-c{self.connections}",
+                f"-d{secs}s",
+                "--timeout",
+                "5s",
+                "--latency",
+                "-s",
+                str(self.lua),
+                f"http://{HOST}:{port}{PATH}",
+                "--",
+                prefix,
+            ]
+            out = self._run(pinned(self.cpu, argv), timeout)
+            line = next((ln for ln in out.splitlines() if ln.startswith("BENCH_JSON ")), None)
+            if line is None:
+                raise RuntimeError(f"no result from wrk:\n{out}")
+            data = json.loads(line.removeprefix("BENCH_JSON "))
+            return LoadResult(
+                requests=data["requests"],
+                duration_s=data["duration_us"] / 1e6,
+                p50_ms=data["p50_us"] / 1000.0,
+                p99_ms=data["p99_us"] / 1000.0,
+                non_2xx=data["status"],  # wrk counts statuses > 399
+                socket_errors=data["connect"] + data["read"] + data["write"],
+                timeouts=data["timeout"],
+            )
+        argv = [
+            sys.executable,
+            str(HERE / "loadgen.py"),
+            "--port",
+            str(port),
+            "--path",
+            PATH,
+            "--duration",
+            str(duration),
+            "--connections",
+            str(self.connections),
+            "--json",
+        ]
+        out = self._run(pinned(self.cpu, argv), timeout)
+        return LoadResult.from_json(out.strip().splitlines()[-1])
+
+    @staticmethod
+    def _run(argv: list[str], timeout: float) -> str:
+        # start_new_session: Ctrl-C reaches only us; subprocess.run kills the child on any error.
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            start_new_session=True,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{argv[0]} failed ({done.returncode}):\n{done.stderr}{done.stdout}")
+        return done.stdout
+
+
+# --------------------------------------------------------------------------- benchmark
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    procs: Processes
+    load: LoadDriver
+    nginx: str | None
+    sniffio_dir: Path | None
+    sniffio_in_venv: bool
+    upstream_port: int = 0
+
+    def start_upstream(self) -> None:
+        self.upstream_port = free_port()
+        if self.nginx is not None:
+            body = NGINX_UPSTREAM.format(host=HOST, port=self.upstream_port, response=UPSTREAM_BODY)
+            proc = start_nginx(
+                self.procs, self.nginx, "upstream-nginx", body, self.args.upstream_cpu
+            )
+        else:
+            argv = [
+                *self._uvicorn("proxy_app:create_upstream_app", self.upstream_port),
+                "--lifespan",
+                "off",
+            ]
+            proc = self.procs.start("upstream-uvicorn", pinned(self.args.upstream_cpu, argv))
+        wait_ready(self.procs, proc, self.upstream_port)
+
+    def _uvicorn(self, factory: str, port: int) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            factory,
+            "--factory",
+            "--app-dir",
+            str(HERE),
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--loop",
+            "uvloop",
+            "--http",
+            "httptools",
+            "--no-access-log",
+            "--log-level",
+            "warning",
+            "--timeout-keep-alive",
+            "75",
+        ]
+
+    @contextlib.contextmanager
+    def serving(self, contender: Contender, tag: str) -> Iterator[int]:
+        """Start the contender's server (if any) and yield the port the load goes to."""
+        if contender.kind == "direct":
+            yield self.upstream_port
+            return
+        port = free_port()
+        if contender.kind == "nginx":
+            assert self.nginx is not None
+            body = NGINX_PROXY.format(host=HOST, port=port, upstream_port=self.upstream_port)
+            proc = start_nginx(self.procs, self.nginx, tag, body, self.args.server_cpu)
+        else:
+            assert contender.client is not None
+            env = dict(os.environ)
+            env["BENCH_UPSTREAM"] = f"http://{HOST}:{self.upstream_port}"
+            env["BENCH_CLIENT"] = contender.client
+            env.pop("PYTHONPATH", None)
+            env.pop("BENCH_BLOCK_MODULES", None)
+            if contender.sniffio:
+                if self.sniffio_dir is not None:
+                    env["PYTHONPATH"] = str(self.sniffio_dir)
+            elif self.sniffio_in_venv:
+                env["BENCH_BLOCK_MODULES"] = "sniffio"  # else it is absent, as in a plain install
+            argv = self._uvicorn("proxy_app:create_app", port)
+            proc = self.procs.start(tag, pinned(self.args.server_cpu, argv), env=env)
+        try:
+            wait_ready(self.procs, proc, port)
+            if contender.kind == "python" and contender.sniffio != self._sniffio_loaded(proc):
+                raise RuntimeError(f"{contender.key}: sniffio importability is not as intended")
+            yield port
+        finally:
+            self.procs.stop(proc)
+
+    def _sniffio_loaded(self, proc: subprocess.Popen[bytes]) -> bool:
+        """Read the proxy's startup line (proxy_app prints whether sniffio is importable)."""
+        for line in self.procs.log_tail(proc, lines=200).splitlines():
+            if line.startswith("BENCH_PROXY "):
+                return "sniffio=yes" in line.split()
+        raise RuntimeError(f"no BENCH_PROXY line in the log of {proc.args!r}")
+
+    def measure(self, contender: Contender, run: int) -> LoadResult:
+        with self.serving(contender, f"{contender.key}-run{run}") as port:
+            if self.args.warmup > 0:
+                self.load.run(port, self.args.warmup)
+            return self.load.run(port, self.args.duration)
+
+
+def fmt_int(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def fmt_ms(value: float) -> str:
+    if value < 10:
+        return f"{value:.2f}"
+    if value < 100:
+        return f"{value:.1f}"
+    return f"{value:.0f}"
+
+
+def render_table(
+    contenders: list[Contender], results: dict[str, list[LoadResult]], baseline: str | None
+) -> str:
+    base = results.get(baseline or "", [])
+    ratio_name = "x direct" if baseline == "direct" else "x nginx"
+    lines = [
+        f"| client | req/s | p50 ms | p99 ms | {ratio_name} | non-2xx | socket errors + timeouts |",
+        "|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    for c in contenders:
+        rs = results.get(c.key, [])
+        if not rs:
+            continue
+        rps = statistics.median(r.rps for r in rs)
+        p50 = statistics.median(r.p50_ms for r in rs)
+        p99 = statistics.median(r.p99_ms for r in rs)
+        if base and len(base) == len(rs):
+            ratio = statistics.median(
+                r.rps / b.rps for r, b in zip(rs, base, strict=True) if b.rps > 0
+            )
+            ratio_s = "1" if c.key == baseline else f"{ratio:.3g}"
+        else:
+            ratio_s = "n/a"
+        non_2xx = sum(r.non_2xx for r in rs)
+        errors = sum(r.socket_errors + r.timeouts for r in rs)
+        lines.append(
+            f"| {c.label} | {fmt_int(rps)} | {fmt_ms(p50)} | {fmt_ms(p99)} | {ratio_s} "
+            f"| {non_2xx} | {errors} |"
+        )
+    return "\n".join(lines)
+
+
+def venv_has_module(name: str) -> bool:
+    """Whether `name` is importable by this interpreter without PYTHONPATH (as the proxies run)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({name!r}) is None)"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=30, check=False)
+    return proc.returncode == 0
+
+
+def resolve_sniffio_dir(arg: str | None) -> Path | None:
+    if arg:
+        path = Path(arg)
+    else:
+        path = DEFAULT_SNIFFIO_DIR
+    if (path / "sniffio" / "__init__.py").exists():
+        return path.resolve()
+    return None
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Benchmark upstream HTTP clients for a Starlette reverse proxy."
+    )
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds per measurement")
+    parser.add_argument("--runs", type=int, default=3, help="alternating runs over all contenders")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of unmeasured load")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--server-cpu", type=int, default=0, help="CPU for the server under test")
+    parser.add_argument("--load-cpu", type=int, default=1, help="CPU for the load generator")
+    parser.add_argument(
+        "--upstream-cpu", type=int, default=None, help="CPU for the upstream (default: unpinned)"
+    )
+    parser.add_argument(
+        "--only", default="", help="comma-separated contender keys (default: all available)"
+    )
+    parser.add_argument(
+        "--sniffio-dir",
+        default=None,
+        help=f"directory with sniffio for the '+ sniffio' row (default: {DEFAULT_SNIFFIO_DIR}; "
+        "create with: pip install --target DIR sniffio)",
+    )
+    parser.add_argument("--no-nginx", action="store_true", help="act as if nginx was absent")
+    parser.add_argument("--no-wrk", action="store_true", help="use loadgen.py even if wrk exists")
+    parser.add_argument("--json", dest="json_out", default=None, help="write raw results here")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.duration <= 0 or args.connections < 1:
+        parser.error("--runs and --connections must be >= 1, --duration > 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    global _SNIFFIO_DIR
+    args = parse_args(argv)
+    nginx = None if args.no_nginx else nginx_binary()
+    wrk = None if args.no_wrk else shutil.which("wrk")
+    sniffio_in_venv = venv_has_module("sniffio")
+    _SNIFFIO_DIR = None if sniffio_in_venv else resolve_sniffio_dir(args.sniffio_dir)
+
+    contenders = all_contenders()
+    wanted = {k for k in args.only.split(",") if k}
+    unknown = wanted - {c.key for c in contenders}
+    if unknown:
+        print(f"unknown contenders: {sorted(unknown)}", file=sys.stderr)
+        return 2
+    skipped: list[str] = []
+    selected: list[Contender] = []
+    for c in contenders:
+        if wanted and c.key not in wanted:
+            continue
+        if c.kind == "nginx" and nginx is None:
+            skipped.append(f"{c.key} (nginx not installed)")
+        elif c.sniffio and not sniffio_in_venv and _SNIFFIO_DIR is None:
+            skipped.append(
+                f"{c.key} (sniffio not importable; pip install --target {DEFAULT_SNIFFIO_DIR} "
+                "sniffio, or pass --sniffio-dir)"
+            )
+        else:
+            selected.append(c)
+    if not selected:
+        print("nothing to run", file=sys.stderr)
+        return 2
+
+    # Ctrl-C raises KeyboardInterrupt even when started with SIGINT ignored (e.g. `cmd &`);
+    # SIGTERM/SIGHUP raise SystemExit; either way the finally block below kills every child.
+    previous = {
+        sig: signal.signal(sig, _raise_system_exit) for sig in (signal.SIGTERM, signal.SIGHUP)
+    }
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    work_dir = Path(tempfile.mkdtemp(prefix="bench-clients-"))
+    procs = Processes(work_dir)
+    results: dict[str, list[LoadResult]] = {c.key: [] for c in selected}
+    load = LoadDriver(args.load_cpu, args.connections, work_dir, wrk)
+    bench = Bench(args, procs, load, nginx, _SNIFFIO_DIR, sniffio_in_venv)
+    estimate = (args.duration + args.warmup + 2.5) * len(selected) * args.runs
+    print(
+        f"# {len(selected)} contenders x {args.runs} runs, ~{estimate:.0f} s; "
+        f"load: {load.name} -c{args.connections} on cpu {args.load_cpu}; "
+        f"servers on cpu {args.server_cpu}; upstream: {'nginx' if nginx else 'uvicorn'}; "
+        f"logs in {work_dir}",
+        file=sys.stderr,
+    )
+    for s in skipped:
+        print(f"# skipped: {s}", file=sys.stderr)
+    keep_logs = False
+    try:
+        bench.start_upstream()
+        for run in range(1, args.runs + 1):
+            for c in selected:
+                r = bench.measure(c, run)
+                results[c.key].append(r)
+                print(
+                    f"run {run} {c.key:<22} {r.rps:>10,.0f} req/s  p50 {r.p50_ms:7.2f} ms  "
+                    f"p99 {r.p99_ms:7.2f} ms  non-2xx {r.non_2xx}  "
+                    f"errors {r.socket_errors}+{r.timeouts}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    except Exception:
+        keep_logs = True
+        raise
+    finally:
+        procs.stop_all()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if keep_logs:
+            print(f"# logs kept in {work_dir}", file=sys.stderr)
+        else:
+            shutil.rmtree(work_dir, ignore_errors=True)
+
+    if args.json_out:
+        raw = {k: [json.loads(r.to_json()) for r in v] for k, v in results.items()}
+        Path(args.json_out).write_text(json.dumps(raw, indent=2) + "\n")
+    baseline = next((k for k in ("nginx", "direct") if k in results), None)
+    print(environment_line(load, nginx, args))
+    print()
+    print(render_table(selected, results, baseline))
+    return 0
+
+
+def environment_line(load: LoadDriver, nginx: str | None, args: argparse.Namespace) -> str:
+    versions = ", ".join(
+        f"{d} {_version(d)}" for d in ("starlette", "uvicorn", "uvloop", "httptools", "httpcore")
+    )
+    nginx_v = "absent"
+    if nginx is not None:
+        proc = subprocess.run(
+            [nginx, "-v"], capture_output=True, text=True, timeout=10, check=False
+        )
+        nginx_v = proc.stderr.strip().removeprefix("nginx version: ")
+    return (
+        f"Python {sys.version.split()[0]}, {versions}; upstream/proxy nginx: {nginx_v}; "
+        f"load: {load.name} 1 thread, {args.connections} connections, cpu {args.load_cpu}; "
+        f"servers on cpu {args.server_cpu}; {args.runs} runs x {args.duration:g} s, medians"
+    )
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted; all benchmark processes stopped", file=sys.stderr)
+        sys.exit(130)
