@@ -1,8 +1,17 @@
-"""The admin listener: health, readiness, metrics (and the operator API)."""
+"""The admin listener: health, readiness, metrics and the operator API.
+
+The operator API needs `Authorization: Bearer <admin.token>` (compared in constant
+time); with no token configured it is off and says so. A key is addressed by route
+and key (URL-encoded); a scoped route's records are addressed by their `digest`
+(from a listing) with `?digest=`.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import hmac
+import json
+import logging
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -10,13 +19,178 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.errors import StoreError
+from gateway.config import parse_duration
+from gateway.errors import PROBLEM_BASE, StoreError
+from gateway.keys import record_digest
+from gateway.records import KeyRef, Record, State, StoredResponse
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
+log = logging.getLogger("gateway.admin")
+
+LISTABLE = {
+    "in_flight": State.IN_FLIGHT,
+    "unresolved": State.UNRESOLVED,
+    "parked": State.PARKED,
+    "claimed": State.CLAIMED,
+}
+
+
+def problem(status: int, slug: str, title: str, detail: str = "", **extra: Any) -> Response:
+    doc = {"type": PROBLEM_BASE + slug, "title": title, "status": status, **extra}
+    if detail:
+        doc["detail"] = detail
+    return Response(json.dumps(doc), status_code=status, media_type="application/problem+json")
+
+
+class _Refused(Exception):
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
 
 def create_admin_app(gateway: Gateway) -> Starlette:
+    token = gateway.config.admin.token
+    if not token:
+        log.warning(
+            "admin.token is not set: the operator API is disabled (metrics and health stay on)"
+        )
+
+    def authorize(request: Request) -> None:
+        if not token:
+            raise _Refused(
+                problem(
+                    404,
+                    "operator-api-disabled",
+                    "The operator API is disabled",
+                    "Set admin.token in the config to enable it.",
+                )
+            )
+        given = request.headers.get("authorization", "")
+        scheme, _, value = given.partition(" ")
+        # A token in the query string is never accepted: it would end up in logs.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+            raise _Refused(
+                problem(
+                    401,
+                    "unauthorized",
+                    "A valid admin token is required",
+                    "Send Authorization: Bearer <admin.token>.",
+                )
+            )
+
+    async def record_for(request: Request) -> tuple[KeyRef, Record]:
+        route_name = request.path_params["route"]
+        key = request.path_params["key"]
+        route = next((r for r in gateway.config.routes if r.name == route_name), None)
+        digest = request.query_params.get("digest")
+        if digest is None:
+            if route is not None and route.key is not None and route.key.scope:
+                raise _Refused(
+                    problem(
+                        400,
+                        "digest-required",
+                        "This route's keys are scoped per client",
+                        "Address the record with ?digest=<digest> from the listing.",
+                        route=route_name,
+                        key=key,
+                    )
+                )
+            digest = record_digest(route_name, "", key)
+        record = await gateway.store.get(KeyRef(digest, route_name, key))
+        if record is None or record.route != route_name or record.key != key:
+            raise _Refused(
+                problem(
+                    404,
+                    "unknown-key",
+                    "No record for this route and key",
+                    route=route_name,
+                    key=key,
+                )
+            )
+        return KeyRef(digest, route_name, key), record
+
+    def handler(fn: Any) -> Any:
+        async def wrapped(request: Request) -> Response:
+            try:
+                authorize(request)
+                return await fn(request)  # type: ignore[no-any-return]
+            except _Refused as refused:
+                return refused.response
+            except StoreError as exc:
+                return problem(
+                    503, "store-unavailable", "The idempotency store is unavailable", str(exc)
+                )
+
+        return wrapped
+
+    async def list_keys(request: Request) -> Response:
+        wanted = request.query_params.get("state", "unresolved,parked,claimed")
+        states: set[State] = set()
+        for name in wanted.split(","):
+            if name not in LISTABLE:
+                return problem(
+                    400,
+                    "bad-request",
+                    "Unknown state",
+                    f"state is one or more of {', '.join(LISTABLE)}",
+                )
+            states.add(LISTABLE[name])
+        older_than = 0.0
+        if "older_than" in request.query_params:
+            try:
+                older_than = parse_duration(request.query_params["older_than"])
+            except ValueError as exc:
+                return problem(400, "bad-request", "older_than is not a duration", str(exc))
+        route = request.query_params.get("route")
+        records = await gateway.store.open_records(frozenset(states))
+        rows = [
+            _summary(r)
+            for r in sorted(records, key=lambda r: r.since_ms or r.created_ms)
+            if (route is None or r.route == route) and r.state_age >= older_than
+        ]
+        return JSONResponse({"keys": rows, "count": len(rows)})
+
+    async def show_key(request: Request) -> Response:
+        _, record = await record_for(request)
+        return JSONResponse(record.to_json())
+
+    async def claim_key(request: Request) -> Response:
+        body = await _json_body(request)
+        operator = _operator(body)
+        ref, _ = await record_for(request)
+        result = await gateway.store.operator_claim(ref, operator, bool(body.get("force", False)))
+        if not result.ok:
+            return _refusal(result, ref)
+        gateway.metrics.operator_actions.labels("claim").inc()
+        log.info("operator %s claimed %s key %r", operator, ref.route, ref.key)
+        record = await gateway.store.get(ref)
+        return JSONResponse(record.to_json() if record else {"state": result.state})
+
+    async def resolve_key(request: Request) -> Response:
+        body = await _json_body(request)
+        operator = _operator(body)
+        outcome = body.get("outcome")
+        if outcome not in ("done", "retry"):
+            raise _Refused(problem(400, "bad-request", 'outcome must be "done" or "retry"'))
+        ref, record = await record_for(request)
+        route = next((r for r in gateway.config.routes if r.name == ref.route), None)
+        ttl = route.response_ttl if route is not None else 86400.0
+        response = (
+            _operator_response(body.get("response"), record, operator)
+            if outcome == "done"
+            else None
+        )
+        result = await gateway.store.operator_resolve(
+            ref, operator, outcome, str(body.get("note", "")), response, ttl
+        )
+        if not result.ok:
+            return _refusal(result, ref)
+        gateway.metrics.operator_actions.labels(f"resolve_{outcome}").inc()
+        log.info("operator %s resolved %s key %r: %s", operator, ref.route, ref.key, outcome)
+        after = await gateway.store.get(ref)
+        return JSONResponse(after.to_json() if after else {"state": result.state})
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -35,6 +209,7 @@ def create_admin_app(gateway: Gateway) -> Starlette:
         return JSONResponse({"ready": status == 200, "checks": checks}, status_code=status)
 
     async def metrics(request: Request) -> Response:
+        await gateway.refresh_key_metrics()
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return Starlette(
@@ -42,5 +217,102 @@ def create_admin_app(gateway: Gateway) -> Starlette:
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics),
+            Route("/admin/keys", handler(list_keys)),
+            Route("/admin/keys/{route}/{key:path}/claim", handler(claim_key), methods=["POST"]),
+            Route("/admin/keys/{route}/{key:path}/resolve", handler(resolve_key), methods=["POST"]),
+            Route("/admin/keys/{route}/{key:path}", handler(show_key)),
         ]
+    )
+
+
+def _summary(record: Record) -> dict[str, Any]:
+    return {
+        "route": record.route,
+        "key": record.key,
+        "digest": record.digest,
+        "state": str(record.state),
+        "age_seconds": round(record.age, 3),
+        "state_age_seconds": round(record.state_age, 3),
+        "run_id": record.run_id,
+        "reason": record.reason,
+        "last_reconcile": record.reconcile or None,
+        "holder": record.holder or None,
+        "holder_since_ms": record.holder_since_ms or None,
+    }
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise _Refused(problem(400, "bad-request", "The body must be a JSON object")) from None
+    if not isinstance(body, dict):
+        raise _Refused(problem(400, "bad-request", "The body must be a JSON object"))
+    return body
+
+
+def _operator(body: dict[str, Any]) -> str:
+    operator = body.get("operator")
+    if not isinstance(operator, str) or not operator.strip():
+        raise _Refused(problem(400, "bad-request", 'Say who you are: {"operator": "name"}'))
+    return operator.strip()
+
+
+def _operator_response(given: Any, record: Record, operator: str) -> StoredResponse:
+    """What repeats of the key get once an operator said it is done: the response
+    they gave, or a 2xx that says an operator resolved it."""
+    if isinstance(given, dict):
+        body = given.get("body", "")
+        raw = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        headers = tuple((str(k).lower(), str(v)) for k, v in (given.get("headers") or {}).items())
+        if not any(name == "content-type" for name, _ in headers) and not isinstance(body, str):
+            headers = (*headers, ("content-type", "application/json"))
+        return StoredResponse(int(given.get("status", 200)), headers, raw, origin="operator")
+    doc = {
+        "status": "completed",
+        "resolved_by": operator,
+        "key": record.key,
+        "detail": "The first request's outcome was unknown; an operator checked and marked "
+        "it done. It was not run again.",
+    }
+    return StoredResponse(
+        200, (("content-type", "application/json"),), json.dumps(doc).encode(), origin="operator"
+    )
+
+
+def _refusal(result: Any, ref: KeyRef) -> Response:
+    if result.refused == "missing":
+        return problem(
+            404, "unknown-key", "No record for this route and key", route=ref.route, key=ref.key
+        )
+    if result.refused == "held":
+        return problem(
+            409,
+            "held-by-another-operator",
+            "Another operator holds this key",
+            f"{result.holder} holds it since {result.holder_since_ms} (ms since epoch). "
+            'Send "force": true to take it over; the takeover is recorded.',
+            holder=result.holder,
+            holder_since_ms=result.holder_since_ms,
+            route=ref.route,
+            key=ref.key,
+        )
+    if result.refused == "holder":
+        return problem(
+            409,
+            "not-the-holder",
+            "Only the operator holding this key may resolve it",
+            f"{result.holder} holds it; claim it first.",
+            holder=result.holder,
+            route=ref.route,
+            key=ref.key,
+        )
+    return problem(
+        409,
+        "invalid-transition",
+        "That is not a legal move for this key now",
+        f"The key is {result.state}.",
+        state=result.state,
+        route=ref.route,
+        key=ref.key,
     )

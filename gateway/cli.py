@@ -10,6 +10,7 @@ import sys
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
+from gateway import operators
 from gateway.config import Config, describe, load_config
 from gateway.errors import ConfigError, ProblemError
 
@@ -150,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--admin-port", type=int, default=9090)
     demo.add_argument("--job-port", type=int, default=5000)
     demo.set_defaults(func=cmd_demo)
+
+    operators.add_parser(sub)
     return parser
 
 

@@ -493,3 +493,39 @@ async def _record(gw: GatewayClient, key: str) -> Any:
     return await gw.gateway.store.get(
         KeyRef(record_digest("send-reminder", "", key), "send-reminder", key)
     )
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("store_kind", ["redis"])
+async def test_waiting_duplicate_does_not_poll_redis(
+    gateway_for: Build, upstream: Process, redis_server: Any, store_kind: str
+) -> None:
+    """A duplicate waiting 2 s in another gateway is woken by a notification; its
+    store traffic stays a handful of commands, not a polling loop."""
+    a = await gateway_for([route()])
+    b = await gateway_for([route()])
+    key = unique()
+    body = {"job_key": key}
+    first = asyncio.create_task(a.post("/jobs/send-reminder", json=body, params={"sleep": "2"}))
+    await asyncio.sleep(0.2)
+    before = await _script_calls(redis_server)
+    second = await b.post("/jobs/send-reminder", json=body, params={"sleep": "2"})
+    calls = await _script_calls(redis_server) - before
+    assert second.headers["idempotent-replayed"] == "true"
+    assert (await first).status_code == 200
+    # the first's completion (1) + the waiter's claim, its fallback re-reads (at most
+    # one per 0.5 s) and its final read: a tight loop would be hundreds
+    assert calls <= 8, calls
+
+
+async def _script_calls(redis_server: Any) -> int:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    return sum(
+        int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval")
+    )

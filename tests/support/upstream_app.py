@@ -9,8 +9,9 @@ the gateway forwards, else the body's `job_key`), and behaves as the request ask
     ?cookie=1         set a cookie
     ?gzip=1           answer with a gzip-encoded body
 
-GET /_count?key=K         how often K ran
-GET /_status/{key}        the reconcile endpoint: what /_set_status said for this key
+GET /_count?key=K         how often K ran (?of=status: how often its status was asked)
+GET /_status/{key}        the reconcile endpoint, like a real one: 202 while K runs,
+                          200 once it ran, 404 if it never did; unless overridden by
 POST /_set_status         {"key": K, "status": 200 | 404 | 500, "sleep": seconds}
 """
 
@@ -29,6 +30,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 counts: Counter[str] = Counter()
+finished: Counter[str] = Counter()
+status_calls: Counter[str] = Counter()
 statuses: dict[str, tuple[int, float]] = {}
 
 
@@ -49,8 +52,11 @@ async def job(request: Request) -> Response:
     counts[key] += 1
     run = counts[key]
     q = request.query_params
-    if "sleep" in q:
-        await asyncio.sleep(float(q["sleep"]))
+    try:
+        if "sleep" in q:
+            await asyncio.sleep(float(q["sleep"]))
+    finally:
+        finished[key] += 1  # the work is done even if the caller is gone
     status = int(q.get("status", "200"))
     if "gzip" in q:
         data = gzip.compress(json.dumps({"key": key, "run": run}).encode())
@@ -75,7 +81,9 @@ async def job(request: Request) -> Response:
 
 
 async def count(request: Request) -> Response:
-    return JSONResponse({"count": counts[request.query_params["key"]]})
+    key = request.query_params["key"]
+    source = status_calls if request.query_params.get("of") == "status" else counts
+    return JSONResponse({"count": source[key]})
 
 
 async def set_status(request: Request) -> Response:
@@ -85,10 +93,19 @@ async def set_status(request: Request) -> Response:
 
 
 async def status(request: Request) -> Response:
-    code, delay = statuses.get(request.path_params["key"], (404, 0.0))
-    if delay:
-        await asyncio.sleep(delay)
-    return JSONResponse({"key": request.path_params["key"], "status": code}, status_code=code)
+    key = request.path_params["key"]
+    status_calls[key] += 1
+    if key in statuses:
+        code, delay = statuses[key]
+        if delay:
+            await asyncio.sleep(delay)
+    elif finished[key]:
+        code = 200
+    elif counts[key]:
+        code = 202  # still running: neither done nor not done
+    else:
+        code = 404
+    return JSONResponse({"key": key, "status": code}, status_code=code)
 
 
 app = Starlette(

@@ -1,0 +1,185 @@
+"""`idempotency-gateway keys ...`: the operator API from a terminal.
+
+A client of the admin listener (stdlib HTTP: nothing to install on an operator's
+laptop beyond the package). The token comes from GATEWAY_ADMIN_TOKEN, never from a
+flag, so it stays out of shell history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import quote, urlencode
+
+
+class AdminClient:
+    def __init__(self, base_url: str, token: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.base_url + path, data=data, method=method)
+        request.add_header("Authorization", f"Bearer {self.token}")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            payload = exc.read()
+            try:
+                return exc.code, json.loads(payload)
+            except ValueError:
+                return exc.code, {"title": payload.decode(errors="replace")}
+
+
+def _key_path(route: str, key: str) -> str:
+    return f"/admin/keys/{quote(route, safe='')}/{quote(key, safe='')}"
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def _when(ms: int | None) -> str:
+    if not ms:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + "Z"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=False)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    return "\n".join(lines)
+
+
+def _print_record(doc: dict[str, Any]) -> None:
+    print(f"route:    {doc['route']}")
+    print(f"key:      {doc['key']}")
+    state_age, age = _age(doc["state_age_seconds"]), _age(doc["age_seconds"])
+    print(f"state:    {doc['state']} for {state_age} (age {age})")
+    print(f"run id:   {doc['run_id']}")
+    if doc.get("reason"):
+        print(f"reason:   {doc['reason']}")
+    if doc.get("holder"):
+        print(f"holder:   {doc['holder']} since {_when(doc.get('holder_since_ms'))}")
+    if doc.get("reconcile"):
+        print(f"last check: {json.dumps(doc['reconcile'])}")
+    print("history:")
+    for event in doc.get("history", []):
+        details = ", ".join(f"{k}={v}" for k, v in event.items() if k not in ("at_ms", "event"))
+        print(
+            f"  {_when(event['at_ms'])}  {event['event']}" + (f"  ({details})" if details else "")
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    token = os.environ.get("GATEWAY_ADMIN_TOKEN", "")
+    if not token:
+        print("error: set GATEWAY_ADMIN_TOKEN to the admin token", file=sys.stderr)
+        return 2
+    client = AdminClient(args.admin_url, token)
+    suffix = f"?digest={quote(args.digest)}" if getattr(args, "digest", None) else ""
+    if args.keys_command == "list":
+        query = {"state": args.state}
+        if args.route:
+            query["route"] = args.route
+        if args.older_than:
+            query["older_than"] = args.older_than
+        status, doc = client.call("GET", "/admin/keys?" + urlencode(query))
+    elif args.keys_command == "show":
+        status, doc = client.call("GET", _key_path(args.route, args.key) + suffix)
+    elif args.keys_command == "claim":
+        body: dict[str, Any] = {"operator": args.operator, "force": args.force}
+        status, doc = client.call("POST", _key_path(args.route, args.key) + "/claim" + suffix, body)
+    else:
+        body = {"operator": args.operator, "outcome": args.outcome, "note": args.note or ""}
+        if args.response:
+            body["response"] = json.loads(args.response)
+        status, doc = client.call(
+            "POST", _key_path(args.route, args.key) + "/resolve" + suffix, body
+        )
+    if status >= 400:
+        if args.json:
+            print(json.dumps(doc, indent=2))
+        else:
+            print(f"error {status}: {doc.get('title', '')}", file=sys.stderr)
+            if doc.get("detail"):
+                print(f"  {doc['detail']}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    elif args.keys_command == "list":
+        rows = [
+            [
+                k["route"],
+                k["key"],
+                k["state"],
+                _age(k["state_age_seconds"]),
+                k.get("holder") or "",
+                k.get("reason") or "",
+                json.dumps(k["last_reconcile"]) if k.get("last_reconcile") else "",
+            ]
+            for k in doc["keys"]
+        ]
+        print(_table(rows, ["ROUTE", "KEY", "STATE", "FOR", "HOLDER", "REASON", "LAST CHECK"]))
+        print(f"\n{doc['count']} key(s)")
+    else:
+        _print_record(doc)
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    keys = sub.add_parser("keys", help="list, show, claim and resolve keys (operator API)")
+    keys.add_argument(
+        "--admin-url",
+        default=os.environ.get("GATEWAY_ADMIN_URL", "http://127.0.0.1:9090"),
+        help="the admin listener (default: $GATEWAY_ADMIN_URL or http://127.0.0.1:9090)",
+    )
+    keys.add_argument("--json", action="store_true", help="print the API's JSON")
+    keys.set_defaults(func=run)
+    actions = keys.add_subparsers(dest="keys_command", required=True)
+    listing = actions.add_parser("list", help="keys that need attention")
+    listing.add_argument(
+        "--state",
+        default="unresolved,parked,claimed",
+        help="comma-separated: in_flight, unresolved, parked, claimed",
+    )
+    listing.add_argument("--route")
+    listing.add_argument("--older-than", help="e.g. 10m")
+    for name, text in (
+        ("show", "a key with its history"),
+        ("claim", "take a key to work on"),
+        ("resolve", "decide a key you hold"),
+    ):
+        action = actions.add_parser(name, help=text)
+        action.add_argument("route")
+        action.add_argument("key")
+        action.add_argument("--digest", help="for scoped routes: the digest from `keys list`")
+        if name in ("claim", "resolve"):
+            action.add_argument(
+                "--operator", default=os.environ.get("USER", ""), help="who you are"
+            )
+        if name == "claim":
+            action.add_argument("--force", action="store_true", help="take it over (recorded)")
+        if name == "resolve":
+            action.add_argument("outcome", choices=["done", "retry"])
+            action.add_argument("--note", help="what you found")
+            action.add_argument("--response", help='JSON {"status": 200, "body": ...} to replay')
