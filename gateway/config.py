@@ -157,11 +157,35 @@ class AdminConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TLSConfig:
+    ca_file: str = ""
+    cert_file: str = ""  # a client certificate, with key_file, for mutual TLS
+    key_file: str = ""
+    verify: bool = True  # false: encrypt but do not check the server's certificate
+
+
+@dataclass(frozen=True, slots=True)
 class StoreConfig:
-    url: str = "memory://"
+    url: str = "memory://"  # memory://, redis://, rediss://, unix://; unused with sentinel/cluster
     prefix: str = "idem:"
     socket_timeout: float = 2.0
     connect_timeout: float = 2.0
+    max_connections: int = 64  # per process; requests queue for a free one
+    username: str = ""  # Redis ACL user; the URL's, if it has one, wins
+    password: str = field(default="", repr=False)
+    tls: TLSConfig | None = None
+    sentinel_master: str = ""
+    sentinel_nodes: tuple[tuple[str, int], ...] = ()
+    sentinel_password: str = field(default="", repr=False)
+    cluster_nodes: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def kind(self) -> str:
+        if self.sentinel_nodes:
+            return "sentinel"
+        if self.cluster_nodes:
+            return "cluster"
+        return "memory" if self.url.startswith("memory://") else "redis"
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +335,10 @@ def _admin(value: object, issues: Issues) -> AdminConfig | None:
 
 
 def _store(value: object, issues: Issues) -> StoreConfig | None:
-    names = ("url", "prefix", "socket_timeout", "connect_timeout")
+    names = (
+        "url", "prefix", "socket_timeout", "connect_timeout", "max_connections",
+        "username", "password", "tls", "sentinel", "cluster",
+    )  # fmt: skip
     raw = section(value, "store", issues, names)
     if raw is None:
         return None
@@ -322,13 +349,86 @@ def _store(value: object, issues: Issues) -> StoreConfig | None:
         if problem:
             issues.add("store.url", problem)
         kwargs["url"] = INVALID if url is None or problem else url
-    if "prefix" in raw:
-        prefix = issues.text(raw["prefix"], "store.prefix", empty_ok=True)
-        kwargs["prefix"] = INVALID if prefix is None else prefix
+    for name in ("prefix", "username", "password"):
+        if name in raw:
+            text = issues.text(raw[name], f"store.{name}", empty_ok=True)
+            kwargs[name] = INVALID if text is None else text
     for name in ("socket_timeout", "connect_timeout"):
         if name in raw:
             kwargs[name] = duration_value(raw[name], f"store.{name}", issues)
+    if "max_connections" in raw:
+        number = issues.integer(raw["max_connections"], "store.max_connections", 1, 10000)
+        kwargs["max_connections"] = INVALID if number is None else number
+    if "tls" in raw:
+        kwargs["tls"] = _tls(raw["tls"], issues)
+    if "sentinel" in raw:
+        sentinel = section(
+            raw["sentinel"], "store.sentinel", issues, ("master", "nodes", "password")
+        )
+        if sentinel is not None:
+            if "master" not in sentinel:
+                issues.add("store.sentinel.master", "name the master, e.g. master: mymaster")
+            master = issues.text(sentinel.get("master", ""), "store.sentinel.master")
+            kwargs["sentinel_master"] = INVALID if master is None else master
+            kwargs["sentinel_nodes"] = _nodes(sentinel.get("nodes"), "store.sentinel.nodes", issues)
+            password = issues.text(
+                sentinel.get("password", ""), "store.sentinel.password", empty_ok=True
+            )
+            kwargs["sentinel_password"] = INVALID if password is None else password
+    if "cluster" in raw:
+        cluster = section(raw["cluster"], "store.cluster", issues, ("nodes",))
+        if cluster is not None:
+            kwargs["cluster_nodes"] = _nodes(cluster.get("nodes"), "store.cluster.nodes", issues)
+    topologies = [name for name in ("url", "sentinel", "cluster") if name in raw]
+    if len(topologies) > 1:
+        issues.add("store", f"give one of url, sentinel or cluster, not {' and '.join(topologies)}")
     return None if INVALID in kwargs.values() else StoreConfig(**kwargs)
+
+
+def _tls(value: object, issues: Issues) -> Any:
+    raw = section(value, "store.tls", issues, ("ca_file", "cert_file", "key_file", "verify"))
+    if raw is None:
+        return INVALID
+    kwargs: dict[str, Any] = {}
+    for name in ("ca_file", "cert_file", "key_file"):
+        if name in raw:
+            path = issues.text(raw[name], f"store.tls.{name}")
+            if path is not None and not os.path.isfile(path):
+                issues.add(
+                    f"store.tls.{name}", f"no file at {show(path)}; give the path of a PEM file"
+                )
+                path = None
+            kwargs[name] = INVALID if path is None else path
+    if ("cert_file" in raw) != ("key_file" in raw):
+        issues.add(
+            "store.tls", "cert_file and key_file go together (a client certificate and its key)"
+        )
+    if "verify" in raw:
+        verify = issues.boolean(raw["verify"], "store.tls.verify")
+        kwargs["verify"] = INVALID if verify is None else verify
+    return INVALID if INVALID in kwargs.values() else TLSConfig(**kwargs)
+
+
+def _nodes(value: object, path: str, issues: Issues) -> Any:
+    example = '["10.0.0.1:26379", "10.0.0.2:26379"]'
+    items = issues.items_of(value, path, example) if value is not None else None
+    if value is None:
+        issues.add(path, f"list the nodes, e.g. nodes: {example}")
+    if not items:
+        if items is not None:
+            issues.add(path, f"list at least one node, e.g. nodes: {example}")
+        return INVALID
+    nodes: list[tuple[str, int]] = []
+    for i, item in enumerate(items):
+        text = issues.text(item, f"{path}[{i}]")
+        if text is None:
+            return INVALID
+        try:
+            nodes.append(parse_listen(text))
+        except ValueError as exc:
+            issues.add(f"{path}[{i}]", str(exc))
+            return INVALID
+    return tuple(nodes)
 
 
 # -- routes ------------------------------------------------------------------------------
@@ -761,6 +861,17 @@ _ROUTE_SETTINGS: dict[str, Callable[[object, str, Issues], Any]] = {
 # -- describe ------------------------------------------------------------------------
 
 
+def _store_where(store: StoreConfig) -> str:
+    def nodes(items: tuple[tuple[str, int], ...]) -> str:
+        return ", ".join(f"{host}:{port}" for host, port in items)
+
+    if store.kind == "sentinel":
+        return f"sentinel master {show(store.sentinel_master)} via {nodes(store.sentinel_nodes)}"
+    if store.kind == "cluster":
+        return f"cluster via {nodes(store.cluster_nodes)}"
+    return mask_url(store.url)
+
+
 def describe(config: Config) -> str:
     """A stable, human-readable summary for `check-config`; never shows secrets."""
     server, admin, store = config.server, config.admin, config.store
@@ -770,9 +881,11 @@ def describe(config: Config) -> str:
         f"server: listen {server.listen}; shutdown grace {format_duration(server.shutdown_grace)}"
         f"; max header size {format_size(server.max_header_bytes)}",
         f"admin: listen {admin.listen}; {api}",
-        f"store: {mask_url(store.url)}; prefix {show(store.prefix)}; socket timeout "
+        f"store: {_store_where(store)}; prefix {show(store.prefix)}; socket timeout "
         f"{format_duration(store.socket_timeout)}; connect timeout "
-        f"{format_duration(store.connect_timeout)}",
+        f"{format_duration(store.connect_timeout)}; {store.max_connections} connections"
+        + ("; password set" if store.password else "")
+        + (f"; TLS{' (no verify)' if not store.tls.verify else ''}" if store.tls else ""),
         f"routes: {len(config.routes)}",
     ]
     for route in config.routes:

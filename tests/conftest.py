@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from gateway.app import Gateway, ProxyApp
-from gateway.config import Config, parse_config
+from gateway.config import Config, StoreConfig, parse_config
 from gateway.store.base import Store
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
@@ -54,7 +54,9 @@ def make_store(store_kind: str, request: pytest.FixtureRequest) -> Callable[[], 
         if store_kind == "memory":
             return MemoryStore()
         server: RedisServer = request.getfixturevalue("redis_server")
-        return RedisStore(server.url, prefix=prefix, socket_timeout=1.0, connect_timeout=1.0)
+        return RedisStore(
+            StoreConfig(url=server.url, prefix=prefix, socket_timeout=1.0, connect_timeout=1.0)
+        )
 
     return make
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import yaml
 
+from gateway.config import StoreConfig
 from gateway.keys import record_digest
 from gateway.records import KeyRef, Record, State
 from gateway.store.redis import RedisStore
@@ -65,7 +66,7 @@ def write_config(
 
 
 async def read_record(redis: RedisServer, prefix: str, key: str) -> Record | None:
-    store = RedisStore(redis.url, prefix=prefix)
+    store = RedisStore(StoreConfig(url=redis.url, prefix=prefix))
     try:
         return await store.get(KeyRef(record_digest("charge", "", key), "charge", key))
     finally:

@@ -1,4 +1,4 @@
-"""Stores of idempotency records, chosen by the URL's scheme."""
+"""Stores of idempotency records: memory, or Redis (single, Sentinel, Cluster)."""
 
 from __future__ import annotations
 
@@ -7,20 +7,15 @@ from gateway.store.base import Store
 
 
 def open_store(config: StoreConfig) -> Store:
-    """A store for `config.url`; nothing connects until `start()`."""
-    if config.url.startswith("memory://"):
+    """A store for the configured topology; nothing connects until `start()`."""
+    if config.kind == "memory":
         from gateway.store.memory import MemoryStore
 
         return MemoryStore()
     # Imported only when used: the demo and memory:// deployments need no Redis.
     from gateway.store.redis import RedisStore
 
-    return RedisStore(
-        config.url,
-        prefix=config.prefix,
-        socket_timeout=config.socket_timeout,
-        connect_timeout=config.connect_timeout,
-    )
+    return RedisStore(config)
 
 
 __all__ = ["Store", "open_store"]

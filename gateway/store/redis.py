@@ -25,7 +25,8 @@ from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -33,6 +34,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from gateway.config import StoreConfig
 from gateway.errors import StoreError
 from gateway.records import KeyRef, Record, State, StoredResponse
 from gateway.store.base import ExpiredPolicy, OperatorResult, Store
@@ -63,35 +65,73 @@ def _script_source(name: str) -> str:
     return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
-class RedisStore(Store):
-    def __init__(
-        self,
-        url: str,
-        *,
-        prefix: str = "idem:",
-        socket_timeout: float = 2.0,
-        connect_timeout: float = 2.0,
-        max_connections: int = 64,
-    ) -> None:
-        super().__init__()
-        self.prefix = prefix
+def _client(config: StoreConfig) -> Any:
+    """A redis-py asyncio client for the configured topology."""
+    common: dict[str, Any] = {
+        "decode_responses": False,
+        "socket_timeout": config.socket_timeout,
+        "socket_connect_timeout": config.connect_timeout,
         # One retry on a timeout or a dropped connection: every script is safe to
         # run twice, and socket_timeout bounds each try, so a hung Redis costs a
         # request at most about 2 x socket_timeout.
-        # A bounded pool that queues (up to socket_timeout) instead of failing:
-        # a burst of requests must not open a connection each.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=socket_timeout,
-            decode_responses=False,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=connect_timeout,
-            retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=1),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-            health_check_interval=30,
+        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=1),
+        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+    }
+    if config.username:
+        common["username"] = config.username
+    if config.password:
+        common["password"] = config.password
+    if config.tls is not None:
+        tls = config.tls
+        common.update(
+            ssl_cert_reqs="required" if tls.verify else "none",
+            ssl_check_hostname=tls.verify,
         )
-        self.client = aioredis.Redis.from_pool(pool)  # owns it: aclose() closes it
+        if tls.ca_file:
+            common["ssl_ca_certs"] = tls.ca_file
+        if tls.cert_file:
+            common.update(ssl_certfile=tls.cert_file, ssl_keyfile=tls.key_file)
+    if config.kind == "sentinel":
+        sentinel_auth = {"password": config.sentinel_password} if config.sentinel_password else {}
+        ssl = {"ssl": True} if config.tls is not None else {}
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            list(config.sentinel_nodes),
+            sentinel_kwargs={
+                "socket_timeout": config.socket_timeout,
+                "socket_connect_timeout": config.connect_timeout,
+                **sentinel_auth,
+            },
+            **common,
+            **ssl,
+        )
+        # The pool asks the sentinels for the master on every new connection, so a
+        # failover is followed without a restart.
+        return sentinel.master_for(config.sentinel_master, max_connections=config.max_connections)
+    if config.kind == "cluster":
+        return RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in config.cluster_nodes],
+            max_connections=config.max_connections,
+            ssl=config.tls is not None,
+            **common,
+        )
+    # A bounded pool that queues for a free connection instead of failing, so a
+    # burst of requests cannot open a connection each.
+    pool = aioredis.BlockingConnectionPool.from_url(
+        config.url,
+        max_connections=config.max_connections,
+        timeout=config.socket_timeout * 2,
+        health_check_interval=30,
+        **common,
+    )
+    return aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes it
+
+
+class RedisStore(Store):
+    def __init__(self, config: StoreConfig) -> None:
+        super().__init__()
+        self.prefix = config.prefix
+        self.cluster = config.kind == "cluster"
+        self.client = _client(config)
         self._scripts: dict[str, AsyncScript] = {
             name: self.client.register_script(_script_source(name)) for name in _SCRIPTS
         }
@@ -174,13 +214,13 @@ class RedisStore(Store):
         return records[0]
 
     async def _read_many(self, digests: list[str]) -> list[Record | None]:
-        """Records by digest with the store's clock, in one pipeline."""
+        """Records by digest, read with the store's clock (admin and sweep paths)."""
         try:
+            seconds, micros = await self.client.time()
             async with self.client.pipeline(transaction=False) as pipe:
-                pipe.time()
                 for digest in digests:
                     pipe.hgetall(self._tag(int(digest[:4], 16) % BUCKETS) + digest)
-                (seconds, micros), *replies = await pipe.execute()
+                replies = await pipe.execute()
         except RedisError as exc:
             raise StoreError(f"redis read failed: {exc}") from exc
         now = seconds * 1000 + micros // 1000
@@ -208,7 +248,10 @@ class RedisStore(Store):
     async def expire_leases(
         self, policy: Callable[[str], ExpiredPolicy], limit: int = 1000
     ) -> list[tuple[KeyRef, str]]:
-        seconds, micros = await self.client.time()
+        try:
+            seconds, micros = await self.client.time()
+        except RedisError as exc:
+            raise StoreError(f"redis unreachable: {exc}") from exc
         now_ms = str(seconds * 1000 + micros // 1000)
         changed: list[tuple[KeyRef, str]] = []
         for digest, route in (await self._members("in_flight", now_ms))[:limit]:
@@ -301,22 +344,24 @@ class RedisStore(Store):
         locally. After a reconnect, all waiters are woken: they re-read."""
         delay = 0.1
         while True:
-            pubsub: PubSub = self.client.pubsub()
+            pubsub: Any = self.client.pubsub()
+            # A cluster's pub/sub object reads sharded messages from every shard.
+            read = pubsub.get_sharded_message if self.cluster else pubsub.get_message
             try:
                 await pubsub.ssubscribe(*self._channels)
                 self.notifier.notify_all()
                 delay = 0.1
                 while True:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+                    message = await read(ignore_subscribe_messages=True, timeout=5.0)
                     if message is not None and message["type"] == "smessage":
                         member: bytes = message["data"]
                         self.notifier.notify(member.split(b"/", 1)[0].decode())
             except asyncio.CancelledError:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()
                 raise
             except (RedisError, OSError) as exc:
                 log.warning("store notifications lost (%s); reconnecting", exc)
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
