@@ -11,9 +11,10 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -50,13 +51,13 @@ class _Refused(Exception):
 
 
 def create_admin_app(gateway: Gateway) -> Starlette:
-    token = gateway.config.admin.token
-    if not token:
+    if not gateway.config.admin.token:
         log.warning(
             "admin.token is not set: the operator API is disabled (metrics and health stay on)"
         )
 
     def authorize(request: Request) -> None:
+        token = gateway.config.admin.token  # read each time: a reload may change it
         if not token:
             raise _Refused(
                 problem(
@@ -210,7 +211,12 @@ def create_admin_app(gateway: Gateway) -> Starlette:
 
     async def metrics(request: Request) -> Response:
         await gateway.refresh_key_metrics()
-        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        registry = gateway.metrics.registry
+        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+            # Workers of one gateway: add up every worker's samples.
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return Starlette(
         routes=[

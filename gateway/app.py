@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 from starlette.types import Message, Receive, Scope, Send
 
@@ -25,6 +26,7 @@ from gateway.errors import (
     StoreError,
 )
 from gateway.keys import RequestParts
+from gateway.logs import Trace, current_trace, log_access
 from gateway.metrics import Metrics
 from gateway.reconcile import Reconciler
 from gateway.routes import Router
@@ -72,6 +74,30 @@ class Gateway:
         await self.upstream.close()
         await self.store.close()
 
+    def reload(self, config: Config) -> list[str]:
+        """Swap in a new config's routes, upstreams and policies. Requests in flight
+        keep the route they started with. Listeners and the store need a restart:
+        changes there are kept out and reported."""
+        kept: list[str] = []
+        for name, old, new in (
+            ("store", self.config.store, config.store),
+            ("server.listen", self.config.server.listen, config.server.listen),
+            ("admin.listen", self.config.admin.listen, config.admin.listen),
+        ):
+            if old != new:
+                kept.append(f"{name} changed: restart the gateway to apply it")
+        config = replace(
+            config,
+            store=self.config.store,
+            server=replace(config.server, listen=self.config.server.listen),
+            admin=replace(config.admin, listen=self.config.admin.listen),
+        )
+        self.config = config
+        self.router = Router(config.routes)
+        self.engine.config = config
+        self.reconciler.configure(config)
+        return kept
+
     async def refresh_key_metrics(self) -> None:
         """Read key counts and ages from the store, so every replica reports the
         cluster-wide truth at scrape time."""
@@ -107,12 +133,14 @@ class ProxyApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway = self.gateway
         route_name: str | None = None
+        trace = Trace(scope["method"], scope["path"])
+        current_trace.set(trace)
         try:
             match = gateway.router.match(scope["method"], scope["path"])
             if match is None:
                 raise NoRoute(f"No route for {scope['method']} {scope['path']}.")
             route = match.route
-            route_name = route.name
+            route_name = trace.route = route.name
             headers = _headers(scope, gateway.config.server.max_header_bytes)
             body = await _read_body(receive, headers, route.max_request_body)
             parts = RequestParts(
@@ -129,15 +157,22 @@ class ProxyApp:
         except ProblemError as exc:
             if exc.route is None:
                 exc.route = route_name
+            if not trace.outcome and route_name is not None:
+                # Refused before the engine saw it: too large, unreadable, unkeyable.
+                gateway.metrics.count(route_name, "bad_request")
+                trace.outcome = "bad_request"
             status, raw, payload = exc.render()
             await _send(send, status, raw, payload)
+            log_access(trace, status)
             return
         except GatewayError:
             log.exception("gateway error")
             status, raw, payload = ProblemError(route=route_name).render()
             await _send(send, status, raw, payload)
+            log_access(trace, status)
             return
         await _send_reply(send, reply)
+        log_access(trace, reply.status)
 
     async def _lifespan_events(self, receive: Receive, send: Send) -> None:
         while True:

@@ -13,14 +13,9 @@ from urllib.parse import urlsplit
 from gateway import operators
 from gateway.config import Config, describe, load_config
 from gateway.errors import ConfigError, ProblemError
+from gateway.logs import setup_logging
 
 log = logging.getLogger("gateway")
-
-
-def _setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
 
 
 def _config_path(args: argparse.Namespace) -> str:
@@ -48,11 +43,31 @@ def _run_loop(main: object) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from gateway.serve import serve
+    from gateway.serve import serve, supervise
 
-    config = _load(_config_path(args))
-    _setup_logging(args.log_level)
-    _run_loop(serve(config))
+    path = _config_path(args)
+    config = _load(path)
+    setup_logging(args.log_level, config.server.log_format, config.server.access_log)
+    if args.workers > 1:
+        if config.store.kind == "memory":
+            print(
+                f"error: {path}: store.url is memory://, which lives inside one process; "
+                f"{args.workers} workers would each have their own keys and run duplicates. "
+                "Use a Redis store, or --workers 1.",
+                file=sys.stderr,
+            )
+            return 1
+        return supervise(config, path, args.workers)
+    _run_loop(serve(config, config_path=path))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from gateway.serve import serve, worker_sockets
+
+    config = _load(args.config)
+    setup_logging(args.log_level, config.server.log_format, config.server.access_log)
+    _run_loop(serve(config, config_path=args.config, sockets=worker_sockets(args.fds)))
     return 0
 
 
@@ -117,7 +132,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
 
-    _setup_logging("INFO")
+    setup_logging("INFO", "text")
     _run_loop(run_demo(args.port, args.admin_port, args.job_port))
     return 0
 
@@ -132,7 +147,19 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="serve the proxy and admin listeners")
     run.add_argument("--config", help="config file (default: $GATEWAY_CONFIG)")
     run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    run.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes sharing the listeners (Redis stores)",
+    )
     run.set_defaults(func=cmd_run)
+
+    worker = sub.add_parser("worker", help="(internal) one worker of `run --workers N`")
+    worker.add_argument("--config", required=True)
+    worker.add_argument("--fds", required=True)
+    worker.add_argument("--log-level", default="INFO")
+    worker.set_defaults(func=cmd_worker)
 
     check = sub.add_parser("check-config", help="validate a config and print its routes")
     check.add_argument("file")

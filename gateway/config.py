@@ -148,6 +148,8 @@ class ServerConfig:
     listen: str = "127.0.0.1:8080"
     shutdown_grace: float = 30.0
     max_header_bytes: int = 16 * 1024
+    access_log: bool = True
+    log_format: Literal["auto", "json", "text"] = "auto"  # auto: text on a terminal
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +302,8 @@ def _listen_text(section: object, default: str) -> str | None:
 
 
 def _server(value: object, issues: Issues) -> ServerConfig | None:
-    raw = section(value, "server", issues, ("listen", "shutdown_grace", "max_header_bytes"))
+    names = ("listen", "shutdown_grace", "max_header_bytes", "access_log", "log_format")
+    raw = section(value, "server", issues, names)
     if raw is None:
         return None
     kwargs: dict[str, Any] = {}
@@ -314,6 +317,12 @@ def _server(value: object, issues: Issues) -> ServerConfig | None:
         kwargs["max_header_bytes"] = size_value(
             raw["max_header_bytes"], "server.max_header_bytes", issues
         )
+    if "access_log" in raw:
+        enabled = issues.boolean(raw["access_log"], "server.access_log")
+        kwargs["access_log"] = INVALID if enabled is None else enabled
+    if "log_format" in raw:
+        fmt = issues.choice(raw["log_format"], "server.log_format", ("auto", "json", "text"))
+        kwargs["log_format"] = INVALID if fmt is None else fmt
     return None if INVALID in kwargs.values() else ServerConfig(**kwargs)
 
 

@@ -41,6 +41,7 @@ from gateway.errors import (
     UpstreamFailed,
 )
 from gateway.keys import RequestParts, extract_key, fingerprint, record_digest, scope_value
+from gateway.logs import current_trace
 from gateway.metrics import Metrics
 from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredResponse
 from gateway.routes import RouteMatch
@@ -119,21 +120,30 @@ class Engine:
             )
             await asyncio.wait(pending)
 
+    def _count(self, route: Route, outcome: str) -> None:
+        self.metrics.count(route.name, outcome)
+        trace = current_trace.get()
+        if trace is not None:
+            trace.outcome = outcome
+
     def lease_for(self, route: Route) -> float:
         return route.upstream_timeout + self._lease_margin
 
     async def handle(self, match: RouteMatch, parts: RequestParts, origin: Origin) -> Reply:
         route = match.route
         if route.key is None:
-            self.metrics.count(route.name, "passthrough")
+            self._count(route, "passthrough")
             return await self._passthrough(route, parts, origin, None)
         key = extract_key(route.key, parts, datetime.now(UTC))
         if key is None:
             if route.key.on_missing == "reject":
-                self.metrics.count(route.name, "missing_key")
+                self._count(route, "missing_key")
                 raise MissingKey(_missing_detail(route), route=route.name)
-            self.metrics.count(route.name, "missing_key_forwarded")
+            self._count(route, "missing_key_forwarded")
             return await self._passthrough(route, parts, origin, None)
+        trace = current_trace.get()
+        if trace is not None:
+            trace.key, trace.sensitive = key, route.sensitive_keys
         ref = KeyRef(record_digest(route.name, scope_value(route.key, parts), key), route.name, key)
         fp = fingerprint(route.fingerprint, parts)
         try:
@@ -141,10 +151,10 @@ class Engine:
         except StoreError as exc:
             if route.on_store_error == "fail_open":
                 log.warning("store failed, forwarding %s without dedupe: %s", route.name, exc)
-                self.metrics.count(route.name, "store_bypassed")
+                self._count(route, "store_bypassed")
                 return await self._passthrough(route, parts, origin, key)
             log.error("store failed on route %s: %s", route.name, exc)
-            self.metrics.count(route.name, "store_error")
+            self._count(route, "store_error")
             raise StoreUnavailable(
                 "The gateway cannot record this key right now, so it did not forward the "
                 "request. Retry later.",
@@ -238,6 +248,9 @@ class Engine:
         parts: RequestParts,
         origin: Origin,
     ) -> Reply:
+        trace = current_trace.get()
+        if trace is not None:
+            trace.run_id = run_id
         done: asyncio.Future[StoredResponse | None] = asyncio.get_running_loop().create_future()
         self._local[ref.digest] = _LocalRun(fp, done)
         task = asyncio.create_task(
@@ -272,7 +285,7 @@ class Engine:
                 raise OutcomeUnknown(reason, route=route.name, key=ref.key) from None
             except NotSent as exc:
                 await self._release(route, ref, run_id, f"not sent: {exc.reason}")
-                self.metrics.count(route.name, "upstream_error")
+                self._count(route, "upstream_error")
                 raise UpstreamFailed(
                     f"{exc.reason}. The key was released, so a retry runs the job.",
                     route=route.name,
@@ -288,13 +301,13 @@ class Engine:
                 ) from exc
             if response.status not in route.cache_statuses:
                 await self._release(route, ref, run_id, f"upstream answered {response.status}")
-                self.metrics.count(route.name, "upstream_error")
+                self._count(route, "upstream_error")
                 return Reply(response.status, response.headers, response.body)
             stored = self._to_store(route, response)
             await self._settle(
                 self.store.complete(ref, run_id, stored, route.response_ttl), ref, "complete"
             )
-            self.metrics.count(route.name, "forwarded")
+            self._count(route, "forwarded")
             return Reply(response.status, response.headers, response.body)
         finally:
             self._local.pop(ref.digest, None)
@@ -308,7 +321,7 @@ class Engine:
 
     async def _unknown(self, route: Route, ref: KeyRef, run_id: str, reason: str) -> None:
         """The request may have run: keep the key open per route policy, never free."""
-        self.metrics.count(route.name, "unknown_outcome")
+        self._count(route, "unknown_outcome")
         log.warning("outcome unknown on %s key %r: %s", route.name, ref.key, reason)
         if route.on_unknown_outcome == "release":
             await self._release(route, ref, run_id, f"{reason}; route policy: release")
@@ -350,6 +363,9 @@ class Engine:
         finally:
             self.metrics.upstream_duration.labels(route.name).observe(time.perf_counter() - started)
             gauge.dec()
+        trace = current_trace.get()
+        if trace is not None:
+            trace.upstream_status = response.status
         if response.status < 500:
             self.metrics.last_success.labels(route.name).set(time.time())
         return response
@@ -376,7 +392,7 @@ class Engine:
         return StoredResponse(response.status, headers, response.body)
 
     def _replay(self, route: Route, stored: StoredResponse, outcome: str) -> Reply:
-        self.metrics.count(route.name, outcome)
+        self._count(route, outcome)
         headers = [*stored.headers, ("idempotent-replayed", "true")]
         if stored.body_omitted:
             headers.append(("idempotent-body-omitted", "true"))
@@ -387,7 +403,7 @@ class Engine:
 
     def _check_fingerprint(self, route: Route, ref: KeyRef, stored: str, fp: str) -> None:
         if stored != fp:
-            self.metrics.count(route.name, "mismatch")
+            self._count(route, "mismatch")
             raise FingerprintMismatch(
                 "The first request with this key had a different method, path, query or "
                 "body. Use a new key for a different request.",
@@ -398,7 +414,7 @@ class Engine:
     def _conflict(
         self, route: Route, ref: KeyRef, state: str, *, waited: bool = False
     ) -> ProblemError:
-        self.metrics.count(route.name, "conflict")
+        self._count(route, "conflict")
         detail = (
             f"Waited {route.wait_timeout:g}s for the first request with this key to finish."
             if waited
@@ -413,7 +429,7 @@ class Engine:
         )
 
     def _open_conflict(self, route: Route, ref: KeyRef, record: Record) -> ProblemError:
-        self.metrics.count(route.name, "conflict")
+        self._count(route, "conflict")
         what = {
             State.UNRESOLVED: "The outcome of the first request with this key is unknown; "
             "the gateway will not resend it until it is checked.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -54,15 +55,17 @@ class Metrics:
         )
         self.in_flight = Gauge(
             prefix + "in_flight",
-            "Forwards under way in this process.",
+            "Forwards under way.",
             ["route"],
             registry=self.registry,
+            multiprocess_mode="livesum",
         )
         self.last_success = Gauge(
             prefix + "last_success_timestamp_seconds",
             "When the route's upstream last completed a request (unix time).",
             ["route"],
             registry=self.registry,
+            multiprocess_mode="max",
         )
 
         self.reconcile = Counter(
@@ -82,24 +85,32 @@ class Metrics:
             "Unresolved, parked and claimed keys, cluster-wide (read from the store).",
             ["route", "state"],
             registry=self.registry,
+            # Read from the store at scrape time by whichever worker answers.
+            multiprocess_mode="mostrecent",
         )
         self.oldest_key_age = Gauge(
             prefix + "oldest_key_age_seconds",
             "Age in its state of the oldest unresolved, parked or claimed key.",
             ["route", "state"],
             registry=self.registry,
+            # Read from the store at scrape time by whichever worker answers.
+            multiprocess_mode="mostrecent",
         )
         self.store_up = Gauge(
             prefix + "store_up",
             "1 if the last read of the store for these metrics succeeded.",
             registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
 
     def set_key_stats(self, stats: list[StateCount], routes: list[str]) -> None:
         """Replace the key gauges with a fresh read; every route and open state is
         present, at 0 when empty, so an alert on absence is never needed."""
-        self.keys.clear()
-        self.oldest_key_age.clear()
+        if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+            # Drops routes a reload removed; workers' files cannot be cleared, and
+            # every current label set is written below anyway.
+            self.keys.clear()
+            self.oldest_key_age.clear()
         for route in routes:
             for state in OPEN_STATES:
                 self.keys.labels(route, str(state)).set(0)

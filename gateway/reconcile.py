@@ -53,10 +53,13 @@ def reconciled_response(record: Record, status: int) -> StoredResponse:
 
 class Reconciler:
     def __init__(self, config: Config, store: Store, upstream: Upstream, metrics: Metrics) -> None:
-        self.routes = {route.name: route for route in config.routes}
         self.store = store
         self.upstream = upstream
         self.metrics = metrics
+        self.configure(config)
+
+    def configure(self, config: Config) -> None:
+        self.routes = {route.name: route for route in config.routes}
         everies = [r.reconcile.every for r in config.routes if r.reconcile is not None]
         # Often enough for the tightest `every`, and to notice dead leases promptly.
         self.interval = max(0.2, min([5.0, *everies]))

@@ -1,9 +1,20 @@
-"""Running the gateway: the proxy and admin listeners on one gateway, and shutdown.
+"""Running the gateway: the proxy and admin listeners, workers, reload and shutdown.
 
-On SIGTERM or SIGINT the proxy stops accepting, forwards under way get up to
-`server.shutdown_grace` to finish, and those still running then are marked
-unresolved with that reason (the engine does it as their tasks are cancelled)
-instead of being left to lease expiry.
+One process (`serve`) runs both listeners on one gateway. With `--workers N`,
+`supervise` binds both listeners once, starts N worker processes that share them,
+restarts a worker that dies, and passes signals on:
+
+- SIGTERM / SIGINT: the proxy stops accepting, forwards under way get up to
+  `server.shutdown_grace` to finish, and those still running then are marked
+  unresolved with that reason (the engine does it as their tasks are cancelled)
+  instead of being left to lease expiry.
+- SIGHUP: the config file is read again; a valid one replaces routes, upstreams and
+  policies without dropping requests in flight; an invalid one is rejected with the
+  reason in the log, and the old config stays.
+
+Metrics across workers use prometheus-client's multiprocess mode: each worker writes
+its samples to files in PROMETHEUS_MULTIPROC_DIR, and whichever worker answers a
+scrape adds them up, so every request is counted exactly once.
 """
 
 from __future__ import annotations
@@ -11,14 +22,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
 import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Generator
+from typing import Any
 
 import uvicorn
 
 from gateway.admin import create_admin_app
 from gateway.app import Gateway, ProxyApp
-from gateway.config import Config
+from gateway.config import Config, load_config
+from gateway.errors import ConfigError
 
 log = logging.getLogger("gateway")
 
@@ -35,10 +55,10 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def uvicorn_server(app: object, listen: str, *, grace: float = 5.0) -> uvicorn.Server:
+def uvicorn_server(app: Any, listen: str, *, grace: float = 5.0) -> uvicorn.Server:
     host, port = split_listen(listen)
     config = uvicorn.Config(
-        app,  # type: ignore[arg-type]
+        app,
         host=host,
         port=port,
         lifespan="off",
@@ -46,11 +66,28 @@ def uvicorn_server(app: object, listen: str, *, grace: float = 5.0) -> uvicorn.S
         log_config=None,
         timeout_graceful_shutdown=int(grace) + 1,
         server_header=False,
+        backlog=2048,
     )
     return _Server(config)
 
 
-async def serve(config: Config) -> None:
+def _reload(gateway: Gateway, path: str) -> None:
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        log.error("config reload rejected; keeping the running config:\n%s", exc)
+        return
+    for warning in gateway.reload(config):
+        log.warning("config reload: %s", warning)
+    log.info("config reloaded from %s: %d route(s)", path, len(config.routes))
+
+
+async def serve(
+    config: Config,
+    *,
+    config_path: str | None = None,
+    sockets: tuple[socket.socket, socket.socket] | None = None,
+) -> None:
     gateway = Gateway(config)
     await gateway.start()
     grace = config.server.shutdown_grace
@@ -60,17 +97,21 @@ async def serve(config: Config) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    if config_path is not None:
+        loop.add_signal_handler(signal.SIGHUP, _reload, gateway, config_path)
 
-    servers = [asyncio.create_task(proxy.serve()), asyncio.create_task(admin.serve())]
+    servers = [
+        asyncio.create_task(proxy.serve(sockets=[sockets[0]] if sockets else None)),
+        asyncio.create_task(admin.serve(sockets=[sockets[1]] if sockets else None)),
+    ]
     log.info(
         "gateway listening on %s (admin %s), store %s",
         config.server.listen,
         config.admin.listen,
-        config.store.url.split("@")[-1],
+        config.store.kind,
     )
-    done, _ = await asyncio.wait(
-        [*servers, asyncio.create_task(stopping.wait())], return_when=asyncio.FIRST_COMPLETED
-    )
+    waiter = asyncio.create_task(stopping.wait())
+    done, _ = await asyncio.wait([*servers, waiter], return_when=asyncio.FIRST_COMPLETED)
     for task in servers:
         if task in done and task.exception() is not None:
             log.error("a listener failed: %s", task.exception())
@@ -80,5 +121,100 @@ async def serve(config: Config) -> None:
     await asyncio.gather(servers[0], return_exceptions=True)
     admin.should_exit = True
     await asyncio.gather(servers[1], return_exceptions=True)
+    waiter.cancel()
     await gateway.close()
     log.info("gateway stopped")
+
+
+def _bind(listen: str) -> socket.socket:
+    host, port = split_listen(listen)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def supervise(config: Config, config_path: str, workers: int) -> int:
+    """Run `workers` worker processes on shared listeners until SIGTERM/SIGINT."""
+    from prometheus_client import multiprocess
+
+    proxy_sock, admin_sock = _bind(config.server.listen), _bind(config.admin.listen)
+    fds = f"{proxy_sock.fileno()},{admin_sock.fileno()}"
+    owned_dir = "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+    metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
+        prefix="gateway-metrics-"
+    )
+    for name in os.listdir(metrics_dir):  # samples of an earlier run must not be added in
+        if name.endswith(".db"):
+            os.unlink(os.path.join(metrics_dir, name))
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+    command = [sys.executable, "-m", "gateway", "worker", "--config", config_path, "--fds", fds]
+
+    def spawn() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            command, pass_fds=(proxy_sock.fileno(), admin_sock.fileno()), env=env
+        )
+
+    flags = {"stop": False, "reload": False}
+
+    def on_stop(signum: int, frame: object) -> None:
+        flags["stop"] = True
+
+    def on_hup(signum: int, frame: object) -> None:
+        flags["reload"] = True
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGHUP, on_hup)
+    children = [spawn() for _ in range(workers)]
+    log.info(
+        "supervisor: %d workers on %s (admin %s)",
+        workers,
+        config.server.listen,
+        config.admin.listen,
+    )
+    try:
+        while not flags["stop"]:
+            time.sleep(0.2)
+            if flags["reload"]:
+                flags["reload"] = False
+                try:
+                    load_config(config_path)
+                except ConfigError as exc:
+                    log.error("config reload rejected; keeping the running config:\n%s", exc)
+                else:
+                    for child in children:
+                        child.send_signal(signal.SIGHUP)
+            for i, child in enumerate(children):
+                if child.poll() is not None and not flags["stop"]:
+                    log.error(
+                        "worker %d exited with %s; starting another", child.pid, child.returncode
+                    )
+                    multiprocess.mark_process_dead(child.pid, metrics_dir)  # type: ignore[no-untyped-call]
+                    time.sleep(0.5)  # a worker that dies at once must not spin
+                    children[i] = spawn()
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + config.server.shutdown_grace + 20
+        for child in children:
+            try:
+                child.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        proxy_sock.close()
+        admin_sock.close()
+        if owned_dir:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+    log.info("supervisor stopped")
+    return 0
+
+
+def worker_sockets(fds: str) -> tuple[socket.socket, socket.socket]:
+    proxy_fd, admin_fd = (int(fd) for fd in fds.split(","))
+    return socket.socket(fileno=proxy_fd), socket.socket(fileno=admin_fd)
