@@ -68,6 +68,8 @@ class Gateway:
 
     async def close(self) -> None:
         self.started = False
+        # Forwards still out are settled (marked unresolved) while the store is open.
+        await self.engine.drain(0)
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)

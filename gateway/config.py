@@ -173,6 +173,9 @@ class StoreConfig:
     socket_timeout: float = 2.0
     connect_timeout: float = 2.0
     max_connections: int = 64  # per process; requests queue for a free one
+    #: replicas that must confirm a claim (Redis WAIT) before the request is sent:
+    #: with 1, a failover cannot lose a claim and let its key run twice
+    wait_for_replicas: int = 0
     username: str = ""  # Redis ACL user; the URL's, if it has one, wins
     password: str = field(default="", repr=False)
     tls: TLSConfig | None = None
@@ -346,7 +349,7 @@ def _admin(value: object, issues: Issues) -> AdminConfig | None:
 def _store(value: object, issues: Issues) -> StoreConfig | None:
     names = (
         "url", "prefix", "socket_timeout", "connect_timeout", "max_connections",
-        "username", "password", "tls", "sentinel", "cluster",
+        "username", "password", "tls", "sentinel", "cluster", "wait_for_replicas",
     )  # fmt: skip
     raw = section(value, "store", issues, names)
     if raw is None:
@@ -368,6 +371,9 @@ def _store(value: object, issues: Issues) -> StoreConfig | None:
     if "max_connections" in raw:
         number = issues.integer(raw["max_connections"], "store.max_connections", 1, 10000)
         kwargs["max_connections"] = INVALID if number is None else number
+    if "wait_for_replicas" in raw:
+        number = issues.integer(raw["wait_for_replicas"], "store.wait_for_replicas", 0, 16)
+        kwargs["wait_for_replicas"] = INVALID if number is None else number
     if "tls" in raw:
         kwargs["tls"] = _tls(raw["tls"], issues)
     if "sentinel" in raw:

@@ -33,6 +33,7 @@ OUTCOMES = (
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._counters: dict[tuple[str, str], list[Counter]] = {}
         prefix = "idempotency_gateway_"
         self.requests = Counter(
             prefix + "requests",
@@ -120,6 +121,12 @@ class Metrics:
             self.oldest_key_age.labels(stat.route, str(stat.state)).set(stat.oldest_seconds)
 
     def count(self, route: str, outcome: str) -> None:
-        self.requests.labels(route, outcome).inc()
-        if outcome in ("replayed", "waited", "conflict"):
-            self.duplicates_suppressed.labels(route).inc()
+        # Label lookups take a lock and hash the labels: resolve each pair once.
+        counters = self._counters.get((route, outcome))
+        if counters is None:
+            counters = [self.requests.labels(route, outcome)]
+            if outcome in ("replayed", "waited", "conflict"):
+                counters.append(self.duplicates_suppressed.labels(route))
+            self._counters[(route, outcome)] = counters
+        for counter in counters:
+            counter.inc()

@@ -97,6 +97,7 @@ class Upstream:
         self._connections = connections
         self._keepalive = keepalive
         self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}  # one per route deadline
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -133,7 +134,11 @@ class Upstream:
             raise RuntimeError("Upstream.forward before start()")
         # Connecting (pool wait included) gets part of the deadline and its own error,
         # so a slow connect is known to be "never sent" rather than "unknown".
-        timeout = aiohttp.ClientTimeout(total=None, connect=deadline * 0.9)
+        timeout = self._timeouts.get(deadline)
+        if timeout is None:
+            timeout = self._timeouts[deadline] = aiohttp.ClientTimeout(
+                total=None, connect=deadline * 0.9
+            )
         try:
             async with asyncio.timeout(deadline):
                 async with self._session.request(

@@ -13,6 +13,7 @@ from gateway.store.base import Store
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from tests.support.servers import Process, RedisServer, upstream_server
+from tests.support.topologies import ClusterSetup
 
 
 @pytest.fixture
@@ -40,6 +41,22 @@ def unique(prefix: str = "k") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[ClusterSetup]:
+    cluster = ClusterSetup().start()
+    yield cluster
+    cluster.stop()
+
+
+#: Every store the contract holds for; tests parametrise `store_kind` with it where
+#: the cluster must be covered too (the contract suite, the duplicate storm).
+ALL_STORES = [
+    "memory",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("cluster", marks=[pytest.mark.redis, pytest.mark.cluster]),
+]
+
+
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -53,6 +70,14 @@ def make_store(store_kind: str, request: pytest.FixtureRequest) -> Callable[[], 
     def make() -> Store:
         if store_kind == "memory":
             return MemoryStore()
+        if store_kind == "cluster":
+            cluster: ClusterSetup = request.getfixturevalue("redis_cluster")
+            nodes = tuple(("127.0.0.1", node.port) for node in cluster.nodes)
+            return RedisStore(
+                StoreConfig(
+                    cluster_nodes=nodes, prefix=prefix, socket_timeout=1.0, connect_timeout=1.0
+                )
+            )
         server: RedisServer = request.getfixturevalue("redis_server")
         return RedisStore(
             StoreConfig(url=server.url, prefix=prefix, socket_timeout=1.0, connect_timeout=1.0)

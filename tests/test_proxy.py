@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from gateway.records import State
-from tests.conftest import GatewayClient, unique, upstream_count
+from tests.conftest import ALL_STORES, GatewayClient, unique, upstream_count
 from tests.support.servers import Process, free_port
 
 pytestmark = pytest.mark.anyio
@@ -91,6 +91,7 @@ async def test_article_parallel_pair(gateway_for: Build, upstream: Process) -> N
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("store_kind", ALL_STORES)
 async def test_storm_of_50_copies_for_20_keys(gateway_for: Build, upstream: Process) -> None:
     gw = await gateway_for([route()])
     keys = [unique("storm") for _ in range(20)]

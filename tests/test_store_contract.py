@@ -9,9 +9,9 @@ import pytest
 
 from gateway.records import KeyRef, State, StoredResponse
 from gateway.store.base import Store
-from tests.conftest import unique
+from tests.conftest import ALL_STORES, unique
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("store_kind", ALL_STORES)]
 
 RESPONSE = StoredResponse(201, (("content-type", "application/json"),), b'{"ok":true}')
 
@@ -145,6 +145,8 @@ async def test_changes_notify_local_watchers(store: Store, change: str) -> None:
     r = ref()
     await store.claim(r, "run-1", "fp", 30)
     with store.notifier.watch(r.digest) as event:
+        waiting = await store.claim(r, "run-2", "fp", 30)  # a waiter saw it in flight
+        assert waiting is not None and waiting.state is State.IN_FLIGHT
         if change == "complete":
             await store.complete(r, "run-1", RESPONSE, 60)
         elif change == "release":

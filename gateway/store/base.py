@@ -206,6 +206,9 @@ class Store(abc.ABC):
 class Notifier:
     """Per-process fan-out of "this key changed" to local waiters.
 
+    A change is announced to every caller whose `claim` found the record in flight
+    (the Redis store publishes only then: most keys never have a waiter).
+
     A waiter registers *before* it reads the record, so a change that lands between
     the read and the wait is not missed.
     """

@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+import secrets
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
@@ -65,8 +66,9 @@ def _script_source(name: str) -> str:
     return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
-def _client(config: StoreConfig) -> Any:
-    """A redis-py asyncio client for the configured topology."""
+def _client(config: StoreConfig) -> tuple[Any, dict[str, Any]]:
+    """A redis-py asyncio client for the configured topology, and the connection
+    settings it was made with (for the per-shard subscribers of a cluster)."""
     common: dict[str, Any] = {
         "decode_responses": False,
         "socket_timeout": config.socket_timeout,
@@ -106,14 +108,16 @@ def _client(config: StoreConfig) -> Any:
         )
         # The pool asks the sentinels for the master on every new connection, so a
         # failover is followed without a restart.
-        return sentinel.master_for(config.sentinel_master, max_connections=config.max_connections)
+        master = sentinel.master_for(config.sentinel_master, max_connections=config.max_connections)
+        return master, common
     if config.kind == "cluster":
-        return RedisCluster(
+        cluster = RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in config.cluster_nodes],
             max_connections=config.max_connections,
             ssl=config.tls is not None,
             **common,
         )
+        return cluster, {**common, "ssl": config.tls is not None}
     # A bounded pool that queues for a free connection instead of failing, so a
     # burst of requests cannot open a connection each.
     pool = aioredis.BlockingConnectionPool.from_url(
@@ -123,7 +127,7 @@ def _client(config: StoreConfig) -> Any:
         health_check_interval=30,
         **common,
     )
-    return aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes it
+    return aioredis.Redis.from_pool(pool), common  # owns the pool: aclose() closes it
 
 
 class RedisStore(Store):
@@ -131,7 +135,9 @@ class RedisStore(Store):
         super().__init__()
         self.prefix = config.prefix
         self.cluster = config.kind == "cluster"
-        self.client = _client(config)
+        self.client, self._connection_kwargs = _client(config)
+        self.wait_for_replicas = config.wait_for_replicas
+        self.replica_timeout_ms = max(1, int(config.socket_timeout * 1000))
         self._scripts: dict[str, AsyncScript] = {
             name: self.client.register_script(_script_source(name)) for name in _SCRIPTS
         }
@@ -164,13 +170,11 @@ class RedisStore(Store):
         self._listener = asyncio.create_task(self._listen(), name="store-notifications")
 
     async def close(self) -> None:
+        # Bounded: a shutdown must not hang on a client that cannot say goodbye.
         if self._listener is not None:
             self._listener.cancel()
-            try:
-                await self._listener
-            except asyncio.CancelledError:
-                pass
-        await self.client.aclose()
+            await asyncio.wait({self._listener}, timeout=10)
+        await _bounded(self.client.aclose(), "client")
 
     async def ping(self) -> None:
         try:
@@ -186,12 +190,35 @@ class RedisStore(Store):
         lease: float,
         expired: ExpiredPolicy = "unresolved",
     ) -> Record | None:
-        reply = await self._run(
-            "claim", ref, run_id, fingerprint, _ms(lease), ref.route, ref.key, expired
-        )
+        args = (run_id, fingerprint, _ms(lease), ref.route, ref.key, expired)
+        if self.wait_for_replicas:
+            reply = await self._claim_replicated(ref, args)
+        else:
+            reply = await self._run("claim", ref, *args)
         if reply[0] == 1:
             return None
         return _record(ref.digest, int(reply[1]), reply[2:])
+
+    async def _claim_replicated(self, ref: KeyRef, args: tuple[Any, ...]) -> Any:
+        """Claim, then WAIT on the same connection until replicas hold the claim.
+        A claim they did not confirm is released and reported as a store error: a
+        failover right now could lose it, and the key would run twice."""
+        keys, head = self._keys(ref)
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                await self._scripts["claim"](keys=keys, args=[*head, *args], client=pipe)
+                pipe.wait(self.wait_for_replicas, self.replica_timeout_ms)
+                reply, acked = await pipe.execute()
+        except RedisError as exc:
+            raise StoreError(f"redis claim failed: {exc}") from exc
+        if reply[0] == 1 and acked < self.wait_for_replicas:
+            try:
+                await self.release(ref, args[0], 1, "replicas did not confirm the claim")
+            finally:
+                raise StoreError(
+                    f"only {acked} of {self.wait_for_replicas} replicas confirmed the claim"
+                )
+        return reply
 
     async def complete(
         self, ref: KeyRef, run_id: str, response: StoredResponse, ttl: float
@@ -262,7 +289,10 @@ class RedisStore(Store):
         return changed
 
     async def begin_check(self, ref: KeyRef, run_id: str, lock: float, min_interval: float) -> bool:
-        return bool(await self._run("check_begin", ref, run_id, _ms(lock), _ms(min_interval)))
+        token = secrets.token_hex(8)  # lets a retried call recognise its own lock
+        return bool(
+            await self._run("check_begin", ref, run_id, _ms(lock), int(min_interval * 1000), token)
+        )
 
     async def end_check(
         self,
@@ -340,30 +370,55 @@ class RedisStore(Store):
         return [r for r in await self._read_many(digests) if r is not None]
 
     async def _listen(self) -> None:
-        """One subscriber per process for every bucket's channel; waiters are woken
-        locally. After a reconnect, all waiters are woken: they re-read."""
+        """One subscriber per process for every bucket's channel (on a cluster, one
+        per shard, for the channels it owns); waiters are woken locally. After a
+        reconnect, all waiters are woken: they re-read."""
         delay = 0.1
         while True:
-            pubsub: Any = self.client.pubsub()
-            # A cluster's pub/sub object reads sharded messages from every shard.
-            read = pubsub.get_sharded_message if self.cluster else pubsub.get_message
+            subscribers: list[tuple[Any, Any]] = []  # (pub/sub, its own client or None)
             try:
-                await pubsub.ssubscribe(*self._channels)
+                if self.cluster:
+                    await self.client.initialize()
+                    owners: dict[str, tuple[str, int, list[str]]] = {}
+                    for channel in self._channels:
+                        node = self.client.get_node_from_key(channel)
+                        owners.setdefault(node.name, (node.host, node.port, []))[2].append(channel)
+                    for host, port, channels in owners.values():
+                        shard = aioredis.Redis(host=host, port=port, **self._connection_kwargs)
+                        pubsub = shard.pubsub()
+                        subscribers.append((pubsub, shard))
+                        await pubsub.ssubscribe(*channels)
+                else:
+                    pubsub = self.client.pubsub()
+                    subscribers.append((pubsub, None))
+                    await pubsub.ssubscribe(*self._channels)
                 self.notifier.notify_all()
                 delay = 0.1
-                while True:
-                    message = await read(ignore_subscribe_messages=True, timeout=5.0)
-                    if message is not None and message["type"] == "smessage":
-                        member: bytes = message["data"]
-                        self.notifier.notify(member.split(b"/", 1)[0].decode())
-            except asyncio.CancelledError:
-                await pubsub.aclose()
-                raise
+                await asyncio.gather(*(self._read(pubsub) for pubsub, _ in subscribers))
             except (RedisError, OSError) as exc:
                 log.warning("store notifications lost (%s); reconnecting", exc)
-                await pubsub.aclose()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+            finally:
+                for pubsub, shard in subscribers:
+                    await _bounded(pubsub.aclose(), "pub/sub")
+                    if shard is not None:
+                        await _bounded(shard.aclose(), "shard")
+
+    async def _read(self, pubsub: Any) -> None:
+        while True:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+            if message is not None and message["type"] == "smessage":
+                member: bytes = message["data"]
+                self.notifier.notify(member.split(b"/", 1)[0].decode())
+
+
+async def _bounded(closing: Awaitable[Any], what: str) -> None:
+    try:
+        async with asyncio.timeout(1):
+            await closing
+    except (TimeoutError, RedisError, OSError) as exc:
+        log.warning("closing the redis %s did not finish cleanly: %r", what, exc)
 
 
 def _text(value: bytes | str | None) -> str:

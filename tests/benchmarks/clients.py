@@ -28,30 +28,37 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import importlib.metadata
 import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
+from _harness import (
+    HOST,
+    NGINX_PROXY,
+    Processes,
+    fmt_int,
+    fmt_ms,
+    free_port,
+    nginx_binary,
+    nginx_upstream_body,
+    pinned,
+    raise_system_exit,
+)
+from _harness import start_nginx as _start_nginx
+from _harness import wait_ready as _wait_ready
 from loadgen import DEFAULT_BODY, LoadResult
 
 HERE = Path(__file__).resolve().parent
-HOST = "127.0.0.1"
 PATH = "/v1/payments"
-UPSTREAM_BODY = '{"ok":true}'
-READY_TIMEOUT_S = 20.0
 DEFAULT_SNIFFIO_DIR = Path("/tmp/sniffio-site")
 
 
@@ -114,167 +121,15 @@ def _sniffio_version() -> str:
     return ""
 
 
-# --------------------------------------------------------------------------- processes
-
-
-class Processes:
-    """Starts children in their own sessions and always kills their whole process groups."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: dict[int, tuple[subprocess.Popen[bytes], Path]] = {}
-
-    def start(
-        self, name: str, argv: Sequence[str], env: dict[str, str] | None = None
-    ) -> subprocess.Popen[bytes]:
-        log = self.log_dir / f"{name}.log"
-        with log.open("ab") as out:
-            proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        self.procs[proc.pid] = (proc, log)
-        return proc
-
-    def log_tail(self, proc: subprocess.Popen[bytes], lines: int = 20) -> str:
-        _, log = self.procs.get(proc.pid, (proc, None))
-        if log is None or not log.exists():
-            return ""
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self, proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
-        """SIGTERM the child's process group (its pgid is its pid), then SIGKILL if needed."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=timeout)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group (e.g. nginx workers)
-        self.procs.pop(proc.pid, None)
-
-    def stop_all(self) -> None:
-        for proc, _ in list(self.procs.values()):
-            self.stop(proc, timeout=3.0)
-
-
-def _raise_system_exit(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def pinned(cpu: int | None, argv: Sequence[str]) -> list[str]:
-    taskset = shutil.which("taskset")
-    if cpu is None or taskset is None:
-        return list(argv)
-    return [taskset, "-c", str(cpu), *argv]
-
-
 def wait_ready(procs: Processes, proc: subprocess.Popen[bytes], port: int) -> None:
     """Wait until a POST through `port` answers 200 with the upstream's body."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    last_error = "no answer"
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"process {proc.args!r} exited with {proc.returncode}:\n{procs.log_tail(proc)}"
-            )
-        conn = http.client.HTTPConnection(HOST, port, timeout=2.0)
-        try:
-            conn.request(
-                "POST",
-                PATH,
-                body=DEFAULT_BODY,
-                headers={"Content-Type": "application/json", "Idempotency-Key": "ready"},
-            )
-            response = conn.getresponse()
-            data = response.read()
-            if response.status == 200 and json.loads(data) == json.loads(UPSTREAM_BODY):
-                return
-            last_error = f"{response.status} {data[:200]!r}"
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            last_error = repr(exc)
-        finally:
-            conn.close()
-        time.sleep(0.1)
-    raise RuntimeError(f"port {port} not ready after {READY_TIMEOUT_S}s: {last_error}")
-
-
-# --------------------------------------------------------------------------- nginx
-
-NGINX_COMMON = """\
-daemon off;
-master_process on;
-worker_processes 1;
-pid {dir}/nginx.pid;
-error_log {dir}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {dir}/body;
-    proxy_temp_path {dir}/proxy;
-    fastcgi_temp_path {dir}/fastcgi;
-    uwsgi_temp_path {dir}/uwsgi;
-    scgi_temp_path {dir}/scgi;
-    keepalive_requests 1000000;
-    keepalive_timeout 75s;
-{body}
-}}
-"""
-
-NGINX_UPSTREAM = """\
-    server {{
-        listen {host}:{port} backlog=4096;
-        default_type application/json;
-        location / {{ return 200 '{response}'; }}
-    }}
-"""
-
-NGINX_PROXY = """\
-    upstream app {{
-        server {host}:{upstream_port};
-        keepalive 128;
-        keepalive_requests 1000000;
-    }}
-    server {{
-        listen {host}:{port} backlog=4096;
-        location / {{
-            proxy_pass http://app;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }}
-    }}
-"""
-
-
-def nginx_binary() -> str | None:
-    return shutil.which("nginx") or next(
-        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None
-    )
+    _wait_ready(procs, proc, port, PATH, DEFAULT_BODY)
 
 
 def start_nginx(
     procs: Processes, binary: str, name: str, body: str, cpu: int | None
 ) -> subprocess.Popen[bytes]:
-    conf_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=procs.log_dir))
-    conf_dir.chmod(0o755)  # workers may run as an unprivileged user
-    conf = conf_dir / "nginx.conf"
-    conf.write_text(NGINX_COMMON.format(dir=conf_dir, body=body))
-    argv = [binary, "-p", str(conf_dir), "-e", str(conf_dir / "error.log"), "-c", str(conf)]
-    return procs.start(name, pinned(cpu, argv))
+    return _start_nginx(procs, binary, name, body, cpu)
 
 
 # --------------------------------------------------------------------------- load
@@ -411,7 +266,7 @@ class Bench:
     def start_upstream(self) -> None:
         self.upstream_port = free_port()
         if self.nginx is not None:
-            body = NGINX_UPSTREAM.format(host=HOST, port=self.upstream_port, response=UPSTREAM_BODY)
+            body = nginx_upstream_body(self.upstream_port)
             proc = start_nginx(
                 self.procs, self.nginx, "upstream-nginx", body, self.args.upstream_cpu
             )
@@ -495,18 +350,6 @@ class Bench:
             if self.args.warmup > 0:
                 self.load.run(port, self.args.warmup)
             return self.load.run(port, self.args.duration)
-
-
-def fmt_int(value: float) -> str:
-    return f"{value:,.0f}"
-
-
-def fmt_ms(value: float) -> str:
-    if value < 10:
-        return f"{value:.2f}"
-    if value < 100:
-        return f"{value:.1f}"
-    return f"{value:.0f}"
 
 
 def render_table(
@@ -625,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Ctrl-C raises KeyboardInterrupt even when started with SIGINT ignored (e.g. `cmd &`);
     # SIGTERM/SIGHUP raise SystemExit; either way the finally block below kills every child.
     previous = {
-        sig: signal.signal(sig, _raise_system_exit) for sig in (signal.SIGTERM, signal.SIGHUP)
+        sig: signal.signal(sig, raise_system_exit) for sig in (signal.SIGTERM, signal.SIGHUP)
     }
     previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     work_dir = Path(tempfile.mkdtemp(prefix="bench-clients-"))

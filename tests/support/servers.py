@@ -26,6 +26,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    for _ in range(200):
+        port = free_port()
+        if port > 55535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
 def wait_for_port(
     port: int, proc: subprocess.Popen[bytes] | None = None, timeout: float = 15
 ) -> None:
@@ -106,8 +121,8 @@ def redis_binary() -> str:
 class RedisServer(Process):
     """A redis-server of our own, no persistence unless asked, killable."""
 
-    def __init__(self, *extra: str) -> None:
-        port = free_port()
+    def __init__(self, *extra: str, port: int | None = None) -> None:
+        port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="redis-")
         args = [
             redis_binary(),

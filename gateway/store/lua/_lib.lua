@@ -21,12 +21,20 @@ local function add_event(event)
   redis.call('HSET', R, 'h', cjson.encode(list))
 end
 
+-- Wake waiters in other processes. A claim that finds the record in flight marks
+-- it `w` in the same atomic step, so a change is published exactly when someone
+-- may be waiting for it: most keys never have a waiter, and skipping the publish
+-- spares every replica's subscriber a message per request.
+local function notify()
+  if redis.call('HEXISTS', R, 'w') == 1 then redis.call('SPUBLISH', CHANNEL, MEMBER) end
+end
+
 -- Move the record to `to` (state and index), publish the change.
 local function move(from, to, now, score)
   if INDEX[from] then redis.call('ZREM', INDEX[from], MEMBER) end
   if INDEX[to] then redis.call('ZADD', INDEX[to], score or now, MEMBER) end
   redis.call('HSET', R, 's', to, 'u', now)
-  redis.call('SPUBLISH', CHANNEL, MEMBER)
+  notify()
 end
 
 -- Completed records expire; released ones stay as tombstones (for their history)

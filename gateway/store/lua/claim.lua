@@ -16,6 +16,7 @@ if not state or state == 'released' then
   redis.call('ZADD', INDEX.in_flight, lease, MEMBER)
   return {1, now}
 end
+if state == 'in_flight' then redis.call('HSET', R, 'w', 1) end  -- a waiter: see notify()
 local reply = redis.call('HGETALL', R)
 table.insert(reply, 1, now)
 table.insert(reply, 1, 0)

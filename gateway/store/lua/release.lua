@@ -11,7 +11,7 @@ if redis.call('HEXISTS', R, 'h') == 1 then
   settle('in_flight', 'released', now, ARGV[4])
   return 1
 end
+notify()
 redis.call('DEL', R)
 redis.call('ZREM', INDEX.in_flight, MEMBER)
-redis.call('SPUBLISH', CHANNEL, MEMBER)
 return 1

@@ -1,0 +1,139 @@
+"""Redis Sentinel and Redis Cluster, started from the redis-server binary for tests."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from tests.support.servers import Process, RedisServer, free_cluster_port, free_port, redis_binary
+
+
+def redis_cli(port: int, *args: str, timeout: float = 10) -> str:
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        raise RuntimeError(
+            "redis-cli is not on PATH: run scripts/setup (it comes with redis-server)"
+        )
+    result = subprocess.run(
+        [cli, "-h", "127.0.0.1", "-p", str(port), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return result.stdout.strip()
+
+
+def wait_until(check: object, what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+class SentinelSetup:
+    """One master, one replica, three sentinels watching them as `mymaster`."""
+
+    master_name = "mymaster"
+
+    def __init__(self) -> None:
+        self.master = RedisServer()
+        self.replica = RedisServer("--replicaof", "127.0.0.1", "0")  # port set in start()
+        self.sentinels: list[Process] = []
+        self.dir = Path(tempfile.mkdtemp(prefix="sentinel-"))
+
+    def start(self) -> SentinelSetup:
+        self.master.start()
+        index = self.replica.args.index("--replicaof")
+        self.replica.args[index + 2] = str(self.master.port)
+        self.replica.start()
+        wait_until(
+            lambda: "master_link_status:up" in redis_cli(self.replica.port, "info", "replication"),
+            "the replica to sync",
+        )
+        for _ in range(3):
+            port = free_port()
+            conf = self.dir / f"sentinel-{port}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
+                f"sentinel monitor {self.master_name} 127.0.0.1 {self.master.port} 2\n"
+                f"sentinel down-after-milliseconds {self.master_name} 1000\n"
+                f"sentinel failover-timeout {self.master_name} 5000\n"
+                f"sentinel parallel-syncs {self.master_name} 1\n"
+            )
+            self.sentinels.append(
+                Process([redis_binary(), str(conf), "--sentinel"], port, "sentinel").start()
+            )
+        wait_until(
+            lambda: all(
+                "num-other-sentinels" in redis_cli(s.port, "sentinel", "master", self.master_name)
+                for s in self.sentinels
+            ),
+            "the sentinels",
+        )
+        return self
+
+    def current_master_port(self) -> int:
+        reply = redis_cli(
+            self.sentinels[0].port, "sentinel", "get-master-addr-by-name", self.master_name
+        )
+        return int(reply.split()[-1])
+
+    @property
+    def nodes(self) -> list[str]:
+        return [f"127.0.0.1:{s.port}" for s in self.sentinels]
+
+    def stop(self) -> None:
+        for process in [*self.sentinels, self.replica, self.master]:
+            process.stop()
+
+
+class ClusterSetup:
+    """Three masters, no replicas, all 16384 slots assigned."""
+
+    def __init__(self, masters: int = 3) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="cluster-"))
+        self.nodes: list[RedisServer] = []
+        for _ in range(masters):
+            node = RedisServer(
+                "--cluster-enabled",
+                "yes",
+                "--cluster-node-timeout",
+                "2000",
+                port=free_cluster_port(),
+            )
+            node.args += ["--cluster-config-file", str(self.dir / f"nodes-{node.port}.conf")]
+            self.nodes.append(node)
+
+    def start(self) -> ClusterSetup:
+        for node in self.nodes:
+            node.start()
+        addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        cli = shutil.which("redis-cli")
+        assert cli is not None
+        subprocess.run(
+            [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        wait_until(
+            lambda: all(
+                "cluster_state:ok" in redis_cli(n.port, "cluster", "info") for n in self.nodes
+            ),
+            "the cluster to be ok",
+        )
+        return self
+
+    @property
+    def addresses(self) -> list[str]:
+        return [f"127.0.0.1:{n.port}" for n in self.nodes]
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()

@@ -1,0 +1,123 @@
+"""Redis Sentinel: the master is killed under load; no key runs twice, requests during
+the switch fail closed, and the gateway recovers by itself."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import unique, upstream_count
+from tests.support.servers import Process, free_port, gateway_process
+from tests.support.topologies import SentinelSetup
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.process,
+    pytest.mark.redis,
+    pytest.mark.sentinel,
+    pytest.mark.slow,
+]
+
+
+@pytest.fixture
+def sentinel() -> Iterator[SentinelSetup]:
+    setup = SentinelSetup().start()
+    yield setup
+    setup.stop()
+
+
+async def test_master_killed_mid_load(
+    tmp_path: Path, upstream: Process, sentinel: SentinelSetup
+) -> None:
+    port = free_port()
+    config = {
+        "server": {"listen": f"127.0.0.1:{port}"},
+        "admin": {"listen": f"127.0.0.1:{free_port()}"},
+        "store": {
+            "sentinel": {"master": sentinel.master_name, "nodes": sentinel.nodes},
+            "socket_timeout": "300ms",
+            "connect_timeout": "300ms",
+            # A claim is confirmed by the replica before the request is sent, so a
+            # failover cannot lose it (async replication would) and run a key twice.
+            "wait_for_replicas": 1,
+        },
+        "routes": [
+            {
+                "name": "charge",
+                "match": {"methods": ["POST"], "path": "/jobs/charge"},
+                "upstream": upstream.url,
+                "key": {"body": "job_key"},
+                "upstream_timeout": "5s",
+            }
+        ],
+    }
+    path = tmp_path / "sentinel.yaml"
+    path.write_text(yaml.safe_dump(config))
+    gateway = gateway_process(path, port).start()
+    assert gateway.proc is not None
+    pid = gateway.proc.pid
+    keys: list[str] = []
+    statuses: list[tuple[float, int, str]] = []
+    stop = asyncio.Event()
+
+    async def load(client: httpx.AsyncClient) -> None:
+        # Each key is sent, then repeated: a repeat after the failover must replay,
+        # be refused (503/409), but never run the job a second time.
+        while not stop.is_set():
+            key = unique("sentinel")
+            keys.append(key)
+            for _ in range(2):
+                response = await client.post("/jobs/charge", json={"job_key": key})
+                statuses.append(
+                    (
+                        time.monotonic(),
+                        response.status_code,
+                        response.headers.get("retry-after", ""),
+                    )
+                )
+            await asyncio.sleep(0.02)
+
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            workers = [asyncio.create_task(load(client)) for _ in range(4)]
+            await asyncio.sleep(1.0)
+            old_master = sentinel.current_master_port()
+            killed_at = time.monotonic()
+            sentinel.master.kill()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and sentinel.current_master_port() == old_master:
+                await asyncio.sleep(0.2)
+            assert sentinel.current_master_port() != old_master, "no failover happened"
+            # The old master comes back and the sentinels make it the new master's
+            # replica: claims can be confirmed again (wait_for_replicas: 1).
+            sentinel.master.start()
+            recovered = None
+            while time.monotonic() < deadline:
+                fresh = [s for s in statuses[-8:] if s[0] > killed_at]
+                if len(fresh) == 8 and all(code == 200 for _, code, _ in fresh):
+                    recovered = statuses[-1][0]
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)  # a little load on the new master
+            stop.set()
+            await asyncio.gather(*workers)
+            # Repeat every key once more, now that things are calm.
+            for key in keys:
+                response = await client.post("/jobs/charge", json={"job_key": key})
+                assert response.status_code in (200, 409), response.text
+    finally:
+        gateway.stop()
+    assert recovered is not None, "the gateway did not recover after the failover"
+    assert gateway.proc.pid == pid  # no restart
+    during = [s for s in statuses if s[0] > killed_at and s[0] < recovered]
+    assert all(code == 503 and retry for _, code, retry in during if code != 200), during[:5]
+    assert {code for _, code, _ in statuses} <= {200, 409, 503}
+    for key in keys:
+        assert await upstream_count(upstream, key) <= 1, key
+    assert len(keys) > 20
