@@ -39,6 +39,7 @@ from gateway.admin import create_admin_app
 from gateway.app import Gateway, ProxyApp
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
+from gateway.logs import flush_access_log
 
 log = logging.getLogger("gateway")
 
@@ -110,6 +111,7 @@ async def serve(
         config.admin.listen,
         config.store.kind,
     )
+    flusher = asyncio.create_task(_flush_logs_every(0.5))
     waiter = asyncio.create_task(stopping.wait())
     done, _ = await asyncio.wait([*servers, waiter], return_when=asyncio.FIRST_COMPLETED)
     for task in servers:
@@ -122,8 +124,16 @@ async def serve(
     admin.should_exit = True
     await asyncio.gather(servers[1], return_exceptions=True)
     waiter.cancel()
+    flusher.cancel()
     await gateway.close()
+    flush_access_log()
     log.info("gateway stopped")
+
+
+async def _flush_logs_every(interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        flush_access_log()
 
 
 def _bind(listen: str) -> socket.socket:

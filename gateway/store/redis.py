@@ -387,7 +387,8 @@ class RedisStore(Store):
                         shard = aioredis.Redis(host=host, port=port, **self._connection_kwargs)
                         pubsub = shard.pubsub()
                         subscribers.append((pubsub, shard))
-                        await pubsub.ssubscribe(*channels)
+                        for channel in channels:  # one SSUBSCRIBE may name one slot only
+                            await pubsub.ssubscribe(channel)
                 else:
                     pubsub = self.client.pubsub()
                     subscribers.append((pubsub, None))

@@ -398,8 +398,9 @@ class Bench:
     def gateway_config(self, c: Contender, port: int, admin_port: int) -> Path:
         url = "memory://" if c.store == "memory" else self.redis.url(c.db)
         fp = "fingerprint: none" if self.args.fingerprint == "none" else ""
+        access_log = "true" if self.args.access_log == "on" else "false"
         text = f"""\
-server: {{listen: "{h.HOST}:{port}", shutdown_grace: 1s}}
+server: {{listen: "{h.HOST}:{port}", shutdown_grace: 1s, access_log: {access_log}}}
 admin: {{listen: "{h.HOST}:{admin_port}"}}
 store: {{url: "{url}", prefix: "{PREFIX}"}}
 routes:
@@ -991,6 +992,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile-seconds", type=float, default=15.0)
     parser.add_argument("--command-requests", type=int, default=500)
     parser.add_argument("--fingerprint", choices=("none", "default"), default="none")
+    parser.add_argument(
+        "--access-log", choices=("on", "off"), default="on", help="the gateway's access log"
+    )
     parser.add_argument("--py-spy", default=DEFAULT_PYSPY, help="py-spy binary for the profile")
     parser.add_argument("--no-monitor", action="store_true", help="commandstats only")
     parser.add_argument("--no-nginx", action="store_true", help="act as if nginx was absent")
