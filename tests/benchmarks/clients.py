@@ -52,6 +52,7 @@ from _harness import (
     nginx_upstream_body,
     pinned,
     raise_system_exit,
+    uvicorn_argv,
 )
 from _harness import start_nginx as _start_nginx
 from _harness import wait_ready as _wait_ready
@@ -280,30 +281,7 @@ class Bench:
         wait_ready(self.procs, proc, self.upstream_port)
 
     def _uvicorn(self, factory: str, port: int) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            factory,
-            "--factory",
-            "--app-dir",
-            str(HERE),
-            "--host",
-            HOST,
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--loop",
-            "uvloop",
-            "--http",
-            "httptools",
-            "--no-access-log",
-            "--log-level",
-            "warning",
-            "--timeout-keep-alive",
-            "75",
-        ]
+        return uvicorn_argv(sys.executable, factory, HERE, port)
 
     @contextlib.contextmanager
     def serving(self, contender: Contender, tag: str) -> Iterator[int]:
