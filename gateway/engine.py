@@ -48,17 +48,10 @@ from gateway.routes import RouteMatch
 
 if TYPE_CHECKING:
     from gateway.reconcile import Reconciler
-from gateway.store.base import ExpiredPolicy, Store
+from gateway.store.base import EXPIRED_POLICY, Store
 from gateway.upstream import Upstream, UpstreamResponse, forwarded_headers
 
 log = logging.getLogger("gateway.engine")
-
-#: What a key whose gateway died mid-request becomes, per `on_unknown_outcome`.
-EXPIRED_POLICY: dict[str, ExpiredPolicy] = {
-    "park": "parked",
-    "release": "release",
-    "reconcile": "unresolved",
-}
 
 #: A shared read that failed: each sharer asks the store itself.
 _RETRY = object()
@@ -173,11 +166,7 @@ class Engine:
             local = self._local.get(ref.digest)
             if local is not None:
                 self._check_fingerprint(route, ref, local.fingerprint, fp)
-                if route.concurrent == "reject":
-                    raise self._conflict(route, ref, "in_flight")
-                remaining = give_up - loop.time()
-                if remaining <= 0:
-                    raise self._conflict(route, ref, "in_flight", waited=True)
+                remaining = self._wait_budget(route, ref, give_up)
                 waited = True
                 try:
                     stored = await asyncio.wait_for(asyncio.shield(local.done), remaining)
@@ -211,14 +200,20 @@ class Engine:
                         if after in ("completed", "released"):
                             continue  # look again: replay it, or run it
                     raise self._open_conflict(route, ref, record)
-                if route.concurrent == "reject":
-                    raise self._conflict(route, ref, "in_flight")
-                remaining = give_up - loop.time()
-                if remaining <= 0:
-                    raise self._conflict(route, ref, "in_flight", waited=True)
+                remaining = self._wait_budget(route, ref, give_up)
                 waited = True
                 await self.store.wait(ref, changed, remaining)
         return await self._first(route, ref, run_id, fp, parts, origin)
+
+    def _wait_budget(self, route: Route, ref: KeyRef, give_up: float) -> float:
+        """Seconds a duplicate may still wait for the first request, or the 409 it
+        gets instead (`concurrent: reject`, or `wait_timeout` used up)."""
+        if route.concurrent == "reject":
+            raise self._conflict(route, ref, "in_flight")
+        remaining = give_up - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise self._conflict(route, ref, "in_flight", waited=True)
+        return remaining
 
     async def _claim(self, route: Route, ref: KeyRef, run_id: str, fp: str) -> Record | None:
         """Claim or read, publishing the answer to same-process requests for the key.

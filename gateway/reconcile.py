@@ -27,7 +27,7 @@ from gateway.config import Config, Route
 from gateway.errors import StoreError, UpstreamError
 from gateway.metrics import Metrics
 from gateway.records import KeyRef, Record, State, StoredResponse
-from gateway.store.base import ExpiredPolicy, Store
+from gateway.store.base import EXPIRED_POLICY, ExpiredPolicy, Store
 from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway.reconcile")
@@ -65,8 +65,6 @@ class Reconciler:
         self.interval = max(0.2, min([5.0, *everies]))
 
     def expired_policy(self, route_name: str) -> ExpiredPolicy:
-        from gateway.engine import EXPIRED_POLICY
-
         route = self.routes.get(route_name)
         # A route gone from the config: nobody can check it, a person must.
         return EXPIRED_POLICY[route.on_unknown_outcome] if route is not None else "parked"

@@ -25,6 +25,13 @@ from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredResponse
 #: What an in_flight record whose lease ran out becomes, per route policy.
 ExpiredPolicy = Literal["unresolved", "parked", "release"]
 
+#: The ExpiredPolicy for each `on_unknown_outcome` setting of a route.
+EXPIRED_POLICY: dict[str, ExpiredPolicy] = {
+    "park": "parked",
+    "release": "release",
+    "reconcile": "unresolved",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class StateCount:
