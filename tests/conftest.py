@@ -12,13 +12,29 @@ from gateway.config import Config, StoreConfig, parse_config
 from gateway.store.base import Store
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
-from tests.support.servers import Process, RedisServer, upstream_server
+from tests.support.ledger import LEDGER, Ledger
+from tests.support.servers import ROOT, Process, RedisServer, upstream_server
 from tests.support.topologies import ClusterSetup
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def ledger() -> Ledger:
+    """What the reliability tests tried and what held; see tests/support/ledger.py."""
+    return LEDGER
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not LEDGER.entries:
+        return
+    LEDGER.write(ROOT / "build" / "reliability.json")
+    terminalreporter.section("reliability ledger (build/reliability.json)")
+    for line in LEDGER.table():
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
