@@ -21,12 +21,14 @@ import asyncio
 import json
 import logging
 import secrets
+import ssl
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
@@ -35,10 +37,11 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from gateway.config import StoreConfig
+from gateway.config import StoreConfig, TLSConfig
 from gateway.errors import StoreError
 from gateway.records import KeyRef, Record, State, StoredResponse
 from gateway.store.base import ExpiredPolicy, OperatorResult, Store
+from gateway.store.resp import Endpoint, RespConnection, RespConnectionError, RespError
 
 log = logging.getLogger("gateway.store")
 
@@ -130,6 +133,56 @@ def _client(config: StoreConfig) -> tuple[Any, dict[str, Any]]:
     return aioredis.Redis.from_pool(pool), common  # owns the pool: aclose() closes it
 
 
+def _ssl_context(tls: TLSConfig | None) -> ssl.SSLContext:
+    ca_file = tls.ca_file if tls is not None and tls.ca_file else None
+    context = ssl.create_default_context(cafile=ca_file)
+    if tls is not None:
+        if not tls.verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if tls.cert_file:
+            context.load_cert_chain(tls.cert_file, tls.key_file or None)
+    return context
+
+
+def _locator(config: StoreConfig, client: Any) -> Callable[[], Awaitable[Endpoint]]:
+    """Where the scripts' connection goes: the URL's server, or the master the
+    sentinels name at the time of each connect."""
+    if config.kind == "sentinel":
+        tls = _ssl_context(config.tls) if config.tls is not None else None
+
+        async def master() -> Endpoint:
+            try:
+                host, port = await client.connection_pool.get_master_address()
+            except RedisError as exc:
+                raise RespConnectionError(f"no master from the sentinels: {exc}") from None
+            return Endpoint(
+                host=host,
+                port=int(port),
+                ssl=tls,
+                username=config.username,
+                password=config.password,
+            )
+
+        return master
+    url = parse_url(config.url)
+    secure = url.get("connection_class") is SSLConnection or config.tls is not None
+    endpoint = Endpoint(
+        host=url.get("host", ""),
+        port=int(url.get("port") or 6379),
+        path=url.get("path", ""),
+        ssl=_ssl_context(config.tls) if secure else None,
+        username=url.get("username") or config.username,
+        password=url.get("password") or config.password,
+        db=int(url.get("db") or 0),
+    )
+
+    async def fixed() -> Endpoint:
+        return endpoint
+
+    return fixed
+
+
 class RedisStore(Store):
     def __init__(self, config: StoreConfig) -> None:
         super().__init__()
@@ -143,6 +196,16 @@ class RedisStore(Store):
         }
         self._channels = [self._tag(b) + "c" for b in range(BUCKETS)]
         self._listener: asyncio.Task[None] | None = None
+        # Scripts go over one pipelined connection of our own (see resp.py), except on
+        # a cluster (redis-py routes by slot) and with wait_for_replicas (WAIT blocks
+        # the connection it runs on, so it needs pooled ones).
+        self._pipe: RespConnection | None = None
+        if not self.cluster and not self.wait_for_replicas:
+            self._pipe = RespConnection(
+                _locator(config, self.client),
+                timeout=config.socket_timeout,
+                connect_timeout=config.connect_timeout,
+            )
 
     def _tag(self, bucket: int) -> str:
         return f"{self.prefix}{{{bucket:02x}}}:"
@@ -155,10 +218,47 @@ class RedisStore(Store):
 
     async def _run(self, name: str, ref: KeyRef, *args: Any) -> Any:
         keys, head = self._keys(ref)
+        if self._pipe is not None:
+            return await self._evalsha(self._pipe, name, keys, [*head, *args])
         try:
             return await self._scripts[name](keys=keys, args=[*head, *args])
         except RedisError as exc:
             raise StoreError(f"redis {name} failed: {exc}") from exc
+
+    async def _evalsha(
+        self, pipe: RespConnection, name: str, keys: list[str], args: list[Any]
+    ) -> Any:
+        script = self._scripts[name]
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        retried = False
+        while True:
+            try:
+                return await pipe.call(*command)
+            except RespError as exc:
+                message = str(exc)
+                if message.startswith("NOSCRIPT"):
+                    # A restarted or flushed Redis: load the script, then run it.
+                    await self._load(pipe, name)
+                    continue
+                if message.startswith("READONLY") and not retried:
+                    # A failover left us on a replica: reconnect to the master.
+                    pipe.reset()
+                    retried = True
+                    continue
+                raise StoreError(f"redis {name} failed: {message}") from None
+            except RespConnectionError as exc:
+                if retried:
+                    raise StoreError(f"redis {name} failed: {exc}") from None
+                # Once more on a new connection, as redis-py's Retry does: a script
+                # that ran before the connection broke is safe to run again.
+                retried = True
+                await asyncio.sleep(0.02)
+
+    async def _load(self, pipe: RespConnection, name: str) -> None:
+        try:
+            await pipe.call("SCRIPT", "LOAD", self._scripts[name].script)
+        except (RespError, RespConnectionError) as exc:
+            raise StoreError(f"redis {name} failed: cannot load the script: {exc}") from None
 
     async def start(self) -> None:
         # Start even when Redis is down: requests fail closed (or open, per route)
@@ -174,6 +274,8 @@ class RedisStore(Store):
         if self._listener is not None:
             self._listener.cancel()
             await asyncio.wait({self._listener}, timeout=10)
+        if self._pipe is not None:
+            await self._pipe.close()
         await _bounded(self.client.aclose(), "client")
 
     async def ping(self) -> None:

@@ -1,0 +1,180 @@
+"""The store's pipelined connection (gateway/store/resp.py) against real redis-servers:
+replies matched to callers under concurrency and cancellation, login, db and unix
+sockets, a hung Redis failing calls in bounded time, a restarted one reloading scripts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.config import StoreConfig
+from gateway.errors import StoreError
+from gateway.records import KeyRef, State
+from gateway.store.redis import RedisStore
+from gateway.store.resp import Endpoint, RespConnection, RespConnectionError, RespError
+from tests.conftest import unique
+from tests.support.servers import RedisServer
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+
+
+@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"), "asyncio"])
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    # The gateway runs on uvloop, whose transports differ from asyncio's: test both.
+    return request.param
+
+
+def connection(port: int, **login: str | int) -> RespConnection:
+    async def locate() -> Endpoint:
+        return Endpoint(host="127.0.0.1", port=port, **login)  # type: ignore[arg-type]
+
+    return RespConnection(locate, timeout=1.0, connect_timeout=1.0)
+
+
+@pytest.fixture
+async def conn(redis_server: RedisServer) -> AsyncIterator[RespConnection]:
+    c = connection(redis_server.port)
+    yield c
+    await c.close()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A redis-server this test may stop, kill and restart."""
+    server = RedisServer()
+    server.start()
+    yield server
+    if server.proc is not None and server.proc.poll() is None:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    server.stop()
+
+
+def ref() -> KeyRef:
+    key = unique()
+    return KeyRef(digest=os.urandom(16).hex(), route="r", key=key)
+
+
+async def test_concurrent_calls_each_get_their_own_reply(conn: RespConnection) -> None:
+    values = [f"v{i}-{'x' * (i % 50)}" for i in range(500)]
+    replies = await asyncio.gather(*(conn.call("ECHO", v) for v in values))
+    assert replies == [v.encode() for v in values]
+
+
+async def test_a_cancelled_call_does_not_shift_the_replies(conn: RespConnection) -> None:
+    # The cancelled call's reply still arrives; it must be dropped, not handed to
+    # the next caller.
+    for i in range(50):
+        slow = asyncio.ensure_future(conn.call("ECHO", f"cancelled-{i}"))
+        await asyncio.sleep(0)
+        slow.cancel()
+        assert await conn.call("ECHO", f"mine-{i}") == f"mine-{i}".encode()
+
+
+async def test_error_reply_is_raised_and_the_connection_goes_on(conn: RespConnection) -> None:
+    with pytest.raises(RespError, match="unknown command"):
+        await conn.call("NOSUCHCOMMAND")
+    assert await conn.call("PING") == b"PONG"
+
+
+async def test_login_and_db_from_the_url(tmp_path: Path) -> None:
+    server = RedisServer("--requirepass", "s3cret", "--unixsocket", str(tmp_path / "r.sock"))
+    server.start()
+    try:
+        await server_acl(server)
+        for url in (
+            f"redis://:s3cret@127.0.0.1:{server.port}/3",
+            f"redis://jobs:jobpass@127.0.0.1:{server.port}/3",
+            f"unix://:s3cret@{tmp_path / 'r.sock'}?db=3",
+        ):
+            store = RedisStore(StoreConfig(url=url, prefix=unique("t") + ":"))
+            await store.start()
+            try:
+                key = ref()
+                assert await store.claim(key, "run1", "fp", 10) is None
+                assert store._pipe is not None
+                # The script ran on db 3, where the record now is.
+                check = aioredis.Redis(port=server.port, password="s3cret", db=3)
+                assert await check.dbsize() >= 1
+                await check.aclose()
+            finally:
+                await store.close()
+        bad = RedisStore(StoreConfig(url=f"redis://:wrong@127.0.0.1:{server.port}/0"))
+        with pytest.raises(StoreError, match="login"):
+            await bad.claim(ref(), "run1", "fp", 10)
+        await bad.close()
+    finally:
+        server.stop()
+
+
+async def server_acl(server: RedisServer) -> None:
+    admin = aioredis.Redis(port=server.port, password="s3cret")
+    await admin.execute_command("ACL", "SETUSER", "jobs", "on", ">jobpass", "~*", "&*", "+@all")
+    await admin.aclose()
+
+
+async def test_hung_redis_fails_calls_in_bounded_time_then_recovers(
+    own_redis: RedisServer,
+) -> None:
+    store = RedisStore(
+        StoreConfig(url=own_redis.url, prefix="t:", socket_timeout=0.5, connect_timeout=0.5)
+    )
+    await store.start()
+    try:
+        assert await store.claim(ref(), "run1", "fp", 10) is None
+        assert own_redis.proc is not None
+        os.kill(own_redis.proc.pid, signal.SIGSTOP)
+        try:
+            # A call and its one retry, each bounded by the timeout: an error, not a hang.
+            async with asyncio.timeout(20):
+                with pytest.raises(StoreError, match=r"did not answer|connect"):
+                    await store.claim(ref(), "run2", "fp", 10)
+        finally:
+            os.kill(own_redis.proc.pid, signal.SIGCONT)
+        assert await store.claim(ref(), "run3", "fp", 10) is None
+    finally:
+        await store.close()
+
+
+async def test_restarted_redis_gets_its_scripts_again(own_redis: RedisServer) -> None:
+    store = RedisStore(StoreConfig(url=own_redis.url, prefix="t:", socket_timeout=1.0))
+    await store.start()
+    try:
+        first = ref()
+        assert await store.claim(first, "run1", "fp", 10) is None
+        own_redis.kill()
+        own_redis.start()  # same port, no scripts loaded, no data
+        # The old connection is dead and the new server has no scripts: the call
+        # reconnects, gets NOSCRIPT, loads the script and runs it.
+        second = ref()
+        assert await store.claim(second, "run2", "fp", 10) is None
+        record = await store.get(second)
+        assert record is not None and record.state is State.IN_FLIGHT
+    finally:
+        await store.close()
+
+
+async def test_a_dropped_connection_fails_only_the_calls_on_it(
+    own_redis: RedisServer,
+) -> None:
+    conn = connection(own_redis.port)
+    try:
+        assert await conn.call("PING") == b"PONG"
+        killer = aioredis.Redis(port=own_redis.port)
+        await killer.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        await killer.aclose()
+        await asyncio.sleep(0.1)
+        # The first call finds the connection gone (or loses it) and says so ...
+        try:
+            await conn.call("PING")
+        except RespConnectionError:
+            pass
+        # ... and the next one opens a new connection.
+        assert await conn.call("PING") == b"PONG"
+    finally:
+        await conn.close()
