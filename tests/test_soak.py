@@ -428,6 +428,8 @@ async def test_soak_mixed_traffic_with_faults(tmp_path: Path, ledger: Ledger) ->
             final_states[state] += 1
         if key in succeeded and (record is None or record.state is State.RELEASED):
             lost.append(f"{key}: the upstream ran it to a 2xx, but the record is {state}")
+        elif key in unknown_keys and before["runs"].get(key, 0) and state in ("none", "in_flight"):
+            lost.append(f"{key}: its outcome was unknown, and the record is {state}")
     # A replay of a key whose record vanished would show up as a second run too.
     final_firsts_of_done_keys = [
         r["key"]
