@@ -78,13 +78,16 @@ class Issues:
             if name not in names:
                 self.add(join(path, str(name)), unknown_setting(str(name), names))
 
-    def text(self, value: object, path: str, *, empty_ok: bool = False) -> str | None:
+    def text(
+        self, value: object, path: str, *, empty_ok: bool = False, secret: bool = False
+    ) -> str | None:
+        """`secret`: a password or token; a wrong value is described, never shown."""
         if isinstance(value, str) and (value or empty_ok):
             return value
         if isinstance(value, str):
             self.add(path, "must not be empty")
         else:
-            self.add(path, f"expected text, got {kind(value)}")
+            self.add(path, f"expected text, got {secret_kind(value) if secret else kind(value)}")
         return None
 
     def integer(self, value: object, path: str, low: int, high: int) -> int | None:
@@ -140,6 +143,16 @@ def kind(value: object) -> str:
     if isinstance(value, list):
         return "a list"
     return type(value).__name__
+
+
+def secret_kind(value: object) -> str:
+    """Like `kind`, without the value: for passwords and tokens, which errors (and so
+    logs) must never repeat."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    return kind(value)
 
 
 def show(value: object) -> str:
@@ -315,12 +328,16 @@ def check_http_url(text: str, *, allow_query: bool) -> str | None:
     return None
 
 
+_USERINFO_PASSWORD = re.compile(r"(//[^/@:]*):[^/@]*@")
+
+
 def mask_url(url: str) -> str:
     """Hides the password in a URL (`redis://user:***@host`) and secret query values."""
     try:
         parts = urlsplit(url)
     except ValueError:
-        return url
+        # Not a URL urlsplit can read, but it may still hold `user:password@`.
+        return _USERINFO_PASSWORD.sub(r"\1:***@", url)
     netloc = parts.netloc
     userinfo, at, hostport = netloc.rpartition("@")
     changed = False
@@ -504,23 +521,24 @@ def yaml_message(exc: yaml.YAMLError) -> str:
 
 def store_url_problem(url: str) -> str | None:
     example = "e.g. memory://, redis://127.0.0.1:6379/0 or unix:///run/redis.sock"
+    shown = show(mask_url(url))  # the message ends up in logs: never the password
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 -- accessing it validates the port
     except ValueError as exc:
-        return f"{show(url)} is not a URL ({exc}); write {example}"
+        return f"{shown} is not a URL ({exc}); write {example}"
     if parts.scheme not in _STORE_SCHEMES or "://" not in url:
-        message = f"{show(url)}: the store URL must start with memory://, redis://, "
+        message = f"{shown}: the store URL must start with memory://, redis://, "
         message += f"rediss:// or unix://; write {example}"
         close = difflib.get_close_matches(parts.scheme, _STORE_SCHEMES, n=1)
         return message + (f'; did you mean "{close[0]}://"?' if close and parts.scheme else "")
     if parts.scheme in ("redis", "rediss"):
         if not parts.hostname:
-            return f"{show(url)} has no host; write e.g. {parts.scheme}://127.0.0.1:6379/0"
+            return f"{shown} has no host; write e.g. {parts.scheme}://127.0.0.1:6379/0"
         if parts.path.strip("/") and not parts.path.strip("/").isdigit():
-            return f"{show(url)}: the path must be a database number, e.g. /0"
+            return f"{shown}: the path must be a database number, e.g. /0"
     if parts.scheme == "unix" and (parts.netloc.rpartition("@")[2] or not parts.path):
-        return f"{show(url)}: write the socket path after three slashes: unix:///run/redis.sock"
+        return f"{shown}: write the socket path after three slashes: unix:///run/redis.sock"
     return None
 
 

@@ -43,6 +43,7 @@ from gateway._parse import (
     reconcile_url,
     request_parts,
     route_name,
+    secret_kind,
     section,
     show,
     size_value,
@@ -341,7 +342,7 @@ def _admin(value: object, issues: Issues) -> AdminConfig | None:
         if token is None or isinstance(token, str):
             kwargs["token"] = token or ""
         else:
-            issues.add("admin.token", f"expected text, got {kind(token)}; quote it")
+            issues.add("admin.token", f"expected text, got {secret_kind(token)}; quote it")
             kwargs["token"] = INVALID
     return None if INVALID in kwargs.values() else AdminConfig(**kwargs)
 
@@ -363,7 +364,7 @@ def _store(value: object, issues: Issues) -> StoreConfig | None:
         kwargs["url"] = INVALID if url is None or problem else url
     for name in ("prefix", "username", "password"):
         if name in raw:
-            text = issues.text(raw[name], f"store.{name}", empty_ok=True)
+            text = issues.text(raw[name], f"store.{name}", empty_ok=True, secret=name == "password")
             kwargs[name] = INVALID if text is None else text
     for name in ("socket_timeout", "connect_timeout"):
         if name in raw:
@@ -387,7 +388,7 @@ def _store(value: object, issues: Issues) -> StoreConfig | None:
             kwargs["sentinel_master"] = INVALID if master is None else master
             kwargs["sentinel_nodes"] = _nodes(sentinel.get("nodes"), "store.sentinel.nodes", issues)
             password = issues.text(
-                sentinel.get("password", ""), "store.sentinel.password", empty_ok=True
+                sentinel.get("password", ""), "store.sentinel.password", empty_ok=True, secret=True
             )
             kwargs["sentinel_password"] = INVALID if password is None else password
     if "cluster" in raw:

@@ -10,6 +10,8 @@ the gateway forwards, else the body's `job_key`), and behaves as the request ask
     ?gzip=1           answer with a gzip-encoded body
 
 GET /_count?key=K         how often K ran (?of=status: how often its status was asked)
+GET /_counts?prefix=P     every key starting with P: how often it ran, and the statuses
+                          its runs answered (a run that answered 5xx was released)
 GET /_status/{key}        the reconcile endpoint, like a real one: 202 while K runs,
                           200 once it ran, 404 if it never did; unless overridden by
 POST /_set_status         {"key": K, "status": 200 | 404 | 500, "sleep": seconds}
@@ -33,6 +35,7 @@ counts: Counter[str] = Counter()
 finished: Counter[str] = Counter()
 status_calls: Counter[str] = Counter()
 statuses: dict[str, tuple[int, float]] = {}
+answers: dict[str, Counter[int]] = {}
 
 
 def _key(request: Request, body: bytes) -> str:
@@ -58,6 +61,7 @@ async def job(request: Request) -> Response:
     finally:
         finished[key] += 1  # the work is done even if the caller is gone
     status = int(q.get("status", "200"))
+    answers.setdefault(key, Counter())[status] += 1
     if "gzip" in q:
         data = gzip.compress(json.dumps({"key": key, "run": run}).encode())
         return Response(data, headers={"content-encoding": "gzip", "x-run": str(run)})
@@ -86,6 +90,20 @@ async def count(request: Request) -> Response:
     return JSONResponse({"count": source[key]})
 
 
+async def all_counts(request: Request) -> Response:
+    prefix = request.query_params.get("prefix", "")
+    return JSONResponse(
+        {
+            "runs": {k: n for k, n in counts.items() if k.startswith(prefix)},
+            "answers": {
+                k: {str(code): n for code, n in by_status.items()}
+                for k, by_status in answers.items()
+                if k.startswith(prefix)
+            },
+        }
+    )
+
+
 async def set_status(request: Request) -> Response:
     doc = await request.json()
     statuses[doc["key"]] = (int(doc["status"]), float(doc.get("sleep", 0)))
@@ -111,6 +129,7 @@ async def status(request: Request) -> Response:
 app = Starlette(
     routes=[
         Route("/_count", count),
+        Route("/_counts", all_counts),
         Route("/_set_status", set_status, methods=["POST"]),
         Route("/_status/{key:path}", status),
         Route("/jobs/{name}", job, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
