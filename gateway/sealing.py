@@ -113,7 +113,7 @@ class ResponseCodec:
         kid, aead = self._writer
         header = VERSION + kid
         nonce = os.urandom(NONCE_BYTES)
-        return header + nonce + aead.encrypt(nonce, plain, header + digest.encode())
+        return header + nonce + aead.encrypt(nonce, plain, _associated(header, digest))
 
     def decode(self, digest: str, data: bytes) -> StoredResponse:
         if data[:1] == VERSION:
@@ -138,12 +138,19 @@ class ResponseCodec:
         from cryptography.exceptions import InvalidTag
 
         try:
-            return aead.decrypt(nonce, data[_HEADER + NONCE_BYTES :], header + digest.encode())
+            sealed = data[_HEADER + NONCE_BYTES :]
+            return aead.decrypt(nonce, sealed, _associated(header, digest))
         except InvalidTag:
             raise Unreadable(
                 f"it does not decrypt with key id {kid}: it was changed in the store, or "
                 "copied from another record"
             ) from None
+
+
+def _associated(header: bytes, digest: str) -> bytes:
+    """Authenticated with the ciphertext: the envelope header (version, key id) and
+    the record it belongs to."""
+    return header + digest.encode()
 
 
 PLAIN = ResponseCodec()
