@@ -439,9 +439,10 @@ class Engine:
         )
         return ResponseUnreadable(
             f"The request with this key ran and its response is stored, but {record.unreadable}. "
-            "It was not run again and the record is kept. If a key was rotated out too "
-            "early, add it back to store.previous_encryption_keys and restart; otherwise "
-            "the record expires after the route's response_ttl.",
+            "It was not run again and the record is kept. If its key was rotated out too "
+            "early, add the key back to store.previous_encryption_keys and restart the "
+            "gateway; otherwise repeats get this answer until the record expires (the "
+            "route's response_ttl).",
             route=route.name,
             key=ref.key,
         )

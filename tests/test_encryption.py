@@ -25,7 +25,7 @@ from gateway.app import Gateway
 from gateway.config import parse_config
 from gateway.errors import ConfigError
 from gateway.keys import record_digest
-from gateway.records import StoredResponse
+from gateway.records import KeyRef, State, StoredResponse
 from gateway.sealing import PLAIN, ResponseCodec, Unreadable, key_id, new_key, parse_key
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import BUCKETS, RedisStore
@@ -341,6 +341,7 @@ async def test_rotation_reads_old_keys_writes_the_new_one_and_never_deletes(
             "idempotency_gateway_requests_total", {"route": ROUTE, "outcome": "unreadable"}
         )
         metrics_text = generate_latest(three.gateway.metrics.registry)
+        kept = await three.gateway.store.get(KeyRef(record_digest(ROUTE, "", old), ROUTE, old))
     after = raw_redis.hgetall(redis_name(prefix, old))
     runs = await upstream_count(upstream, old)
     ledger.record(
@@ -356,6 +357,8 @@ async def test_rotation_reads_old_keys_writes_the_new_one_and_never_deletes(
         doc = assert_problem(response, old)
         assert ID1.hex() in doc["detail"] and ID2.hex() in doc["detail"]
     assert after == before, "the unreadable record is kept exactly as it was"
+    assert kept is not None and kept.state is State.COMPLETED and kept.response is None
+    assert ID1.hex() in kept.to_json()["response"]["unreadable"]
     assert runs == 1
     assert still.headers["idempotent-replayed"] == "true" and still.content == fresh.content
     assert counted == 2
