@@ -129,6 +129,21 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from gateway.sealing import key_id, new_key, parse_key
+
+    key = new_key()
+    print(key)
+    # The key alone on stdout, for `export KEY=$(... keygen)`; the rest on stderr.
+    print(
+        f"key id {key_id(parse_key(key)).hex()}. Keep the key in your secret store and pass "
+        'it through the environment: store.encryption_key: "${GATEWAY_ENCRYPTION_KEY}". '
+        "When rotating, move the old key to store.previous_encryption_keys.",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
 
@@ -172,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("-H", "--header", action="append", default=[], help="'Name: value'")
     explain.add_argument("-d", "--data", help="the request body")
     explain.set_defaults(func=cmd_explain)
+
+    keygen = sub.add_parser("keygen", help="print a new store.encryption_key")
+    keygen.set_defaults(func=cmd_keygen)
 
     demo = sub.add_parser("demo", help="an example job endpoint behind the gateway, no Redis")
     demo.add_argument("--port", type=int, default=8080)

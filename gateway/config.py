@@ -57,6 +57,7 @@ from gateway._parse import mask_url as mask_url
 from gateway._parse import parse_duration as parse_duration
 from gateway._parse import parse_size as parse_size
 from gateway.errors import ConfigError, ConfigIssue
+from gateway.sealing import key_id, parse_key
 
 ConcurrentPolicy = Literal["wait", "reject"]
 MissingKeyPolicy = Literal["reject", "forward"]
@@ -184,6 +185,10 @@ class StoreConfig:
     sentinel_nodes: tuple[tuple[str, int], ...] = ()
     sentinel_password: str = field(default="", repr=False)
     cluster_nodes: tuple[tuple[str, int], ...] = ()
+    #: 32-byte AES-256-GCM key that seals new stored responses (b"": stored plain)
+    encryption_key: bytes = field(default=b"", repr=False)
+    #: older keys that still open responses they sealed, after a rotation
+    previous_encryption_keys: tuple[bytes, ...] = field(default=(), repr=False)
 
     @property
     def kind(self) -> str:
@@ -351,6 +356,7 @@ def _store(value: object, issues: Issues) -> StoreConfig | None:
     names = (
         "url", "prefix", "socket_timeout", "connect_timeout", "max_connections",
         "username", "password", "tls", "sentinel", "cluster", "wait_for_replicas",
+        "encryption_key", "previous_encryption_keys",
     )  # fmt: skip
     raw = section(value, "store", issues, names)
     if raw is None:
@@ -398,7 +404,49 @@ def _store(value: object, issues: Issues) -> StoreConfig | None:
     topologies = [name for name in ("url", "sentinel", "cluster") if name in raw]
     if len(topologies) > 1:
         issues.add("store", f"give one of url, sentinel or cluster, not {' and '.join(topologies)}")
+    kwargs.update(_encryption_keys(raw, issues))
     return None if INVALID in kwargs.values() else StoreConfig(**kwargs)
+
+
+def _encryption_keys(raw: dict[str, Any], issues: Issues) -> dict[str, Any]:
+    """store.encryption_key and store.previous_encryption_keys. Messages never quote
+    a key: they name its place, what is wrong, and how to make a good one."""
+    found: list[tuple[str, bytes]] = []  # (YAML path, key)
+
+    def one(value: object, path: str) -> Any:
+        if not isinstance(value, str):
+            what = "nothing (null)" if value is None else f"a {type(value).__name__}"
+            issues.add(path, f'expected a key as text, got {what}; write e.g. "${{GATEWAY_KEY}}"')
+            return INVALID
+        try:
+            key = parse_key(value)
+        except ValueError as exc:
+            issues.add(path, str(exc))
+            return INVALID
+        for other_path, other in found:
+            if other == key:
+                issues.add(path, f"is the same key as {other_path}; list each key once")
+                return INVALID
+            if key_id(other) == key_id(key):
+                issues.add(path, f"has the same key id as {other_path}; generate a new key")
+                return INVALID
+        found.append((path, key))
+        return key
+
+    kwargs: dict[str, Any] = {}
+    if "encryption_key" in raw:
+        kwargs["encryption_key"] = one(raw["encryption_key"], "store.encryption_key")
+    if "previous_encryption_keys" in raw:
+        path = "store.previous_encryption_keys"
+        value = raw["previous_encryption_keys"]
+        if not isinstance(value, list):
+            # Never kind(value): a key given without brackets would be quoted.
+            issues.add(path, 'expected a list; write e.g. previous_encryption_keys: ["${OLD_KEY}"]')
+            kwargs["previous_encryption_keys"] = INVALID
+        else:
+            keys = [one(item, f"{path}[{i}]") for i, item in enumerate(value)]
+            kwargs["previous_encryption_keys"] = INVALID if INVALID in keys else tuple(keys)
+    return kwargs
 
 
 def _tls(value: object, issues: Issues) -> Any:
@@ -902,12 +950,27 @@ def describe(config: Config) -> str:
         f"{format_duration(store.connect_timeout)}; {store.max_connections} connections"
         + ("; password set" if store.password else "")
         + (f"; TLS{' (no verify)' if not store.tls.verify else ''}" if store.tls else ""),
+        f"encryption: {_describe_encryption(store)}",
         f"routes: {len(config.routes)}",
     ]
     for route in config.routes:
         lines.append("")
         lines.extend(_describe_route(route))
     return "\n".join(lines) + "\n"
+
+
+def _describe_encryption(store: StoreConfig) -> str:
+    """Key ids only: they name a key without revealing it."""
+    old = ", ".join(key_id(k).hex() for k in store.previous_encryption_keys)
+    reads = f"; also reads key id(s) {old}" if old else ""
+    if store.encryption_key:
+        return (
+            f"AES-256-GCM, new responses sealed with key id {key_id(store.encryption_key).hex()}"
+            + reads
+        )
+    if old:
+        return f"off for new responses{reads}"
+    return "off (responses stored unencrypted)"
 
 
 def _describe_route(route: Route) -> list[str]:

@@ -36,6 +36,7 @@ from gateway.errors import (
     OutcomePending,
     OutcomeUnknown,
     ProblemError,
+    ResponseUnreadable,
     StoreError,
     StoreUnavailable,
     UpstreamFailed,
@@ -194,6 +195,8 @@ class Engine:
                 self._check_fingerprint(route, ref, record.fingerprint, fp)
                 if record.state is State.COMPLETED and record.response is not None:
                     return self._replay(route, record.response, "waited" if waited else "replayed")
+                if record.unreadable:
+                    raise self._unreadable(route, ref, record)
                 if record.state in OPEN_STATES:
                     if record.state is State.UNRESOLVED and self.reconciler is not None:
                         after = await self.reconciler.check(route, record, min_interval=0)
@@ -421,6 +424,27 @@ class Engine:
             key=ref.key,
             state=state,
             headers={"Retry-After": str(max(1, round(min(route.upstream_timeout, 30))))},
+        )
+
+    def _unreadable(self, route: Route, ref: KeyRef, record: Record) -> ProblemError:
+        """The work ran and its response is stored, but this gateway cannot read it:
+        neither replay something else nor run it again; leave the record as it is."""
+        self._count(route, "unreadable")
+        log.error(
+            "stored response of route %s record %s cannot be decrypted: %s. Not replayed, "
+            "not run again; the record is kept",
+            route.name,
+            ref.digest,
+            record.unreadable,
+        )
+        return ResponseUnreadable(
+            f"The request with this key ran and its response is stored, but {record.unreadable}. "
+            "It was not run again and the record is kept. If its key was rotated out too "
+            "early, add the key back to store.previous_encryption_keys and restart the "
+            "gateway; otherwise repeats get this answer until the record expires (the "
+            "route's response_ttl).",
+            route=route.name,
+            key=ref.key,
         )
 
     def _open_conflict(self, route: Route, ref: KeyRef, record: Record) -> ProblemError:

@@ -14,6 +14,7 @@
         ├── KeyConflict        409: the first request with the key is in flight
         │   └── OutcomePending 409: its outcome is unknown (unresolved, parked, claimed)
         ├── FingerprintMismatch 422: same key, different request
+        ├── ResponseUnreadable 500: the stored response cannot be decrypted; kept as is
         ├── UpstreamFailed     502: the upstream could not be reached (never sent)
         ├── StoreUnavailable   503: the store is down and the route fails closed
         └── OutcomeUnknown     504: the upstream timed out after the request was sent
@@ -162,6 +163,12 @@ class FingerprintMismatch(ProblemError):
     status = 422
     slug = "fingerprint-mismatch"
     title = "This key was already used for a different request"
+
+
+class ResponseUnreadable(ProblemError):
+    status = 500
+    slug = "stored-response-unreadable"
+    title = "Stored response cannot be decrypted"
 
 
 class UpstreamFailed(ProblemError):

@@ -19,6 +19,7 @@ OUTCOMES = (
     "waited",  # waited for the first request, then got its response
     "conflict",  # 409: in flight (reject or wait timed out), unresolved or parked
     "mismatch",  # 422: same key, different request
+    "unreadable",  # 500: the stored response cannot be decrypted (the record is kept)
     "missing_key",  # 400: the route needs a key and the request had none
     "missing_key_forwarded",  # no key, forwarded without dedupe (on_missing: forward)
     "bad_request",  # 400/413/431: the request could not be keyed

@@ -101,6 +101,8 @@ class Record:
     now_ms: int
     lease_until_ms: int = 0
     response: StoredResponse | None = None
+    #: why the stored response cannot be read (see gateway.sealing); it stays stored
+    unreadable: str = ""
     reason: str = ""  # why it is unresolved
     since_ms: int = 0  # when it entered its current state
     holder: str = ""  # the operator holding a claimed record
@@ -136,6 +138,8 @@ class Record:
             doc["holder_since_ms"] = self.holder_since_ms
         if self.reconcile:
             doc["reconcile"] = self.reconcile
+        if self.unreadable:
+            doc["response"] = {"unreadable": self.unreadable}
         if self.response is not None:
             doc["response"] = {
                 "status": self.response.status,

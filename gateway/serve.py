@@ -105,11 +105,15 @@ async def serve(
         asyncio.create_task(proxy.serve(sockets=[sockets[0]] if sockets else None)),
         asyncio.create_task(admin.serve(sockets=[sockets[1]] if sockets else None)),
     ]
+    codec = gateway.store.codec
     log.info(
-        "gateway listening on %s (admin %s), store %s",
+        "gateway listening on %s (admin %s), store %s, %s",
         config.server.listen,
         config.admin.listen,
         config.store.kind,
+        f"responses encrypted with key id {codec.writer_id}"
+        if codec.encrypting
+        else "responses stored unencrypted",
     )
     flusher = asyncio.create_task(_flush_logs_every(0.5))
     waiter = asyncio.create_task(stopping.wait())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.config import StoreConfig
-from gateway.store.base import Store
+from gateway.store.base import Store, codec_for
 
 
 def open_store(config: StoreConfig) -> Store:
@@ -11,11 +11,11 @@ def open_store(config: StoreConfig) -> Store:
     if config.kind == "memory":
         from gateway.store.memory import MemoryStore
 
-        return MemoryStore()
+        return MemoryStore(codec_for(config))
     # Imported only when used: the demo and memory:// deployments need no Redis.
     from gateway.store.redis import RedisStore
 
     return RedisStore(config)
 
 
-__all__ = ["Store", "open_store"]
+__all__ = ["Store", "codec_for", "open_store"]

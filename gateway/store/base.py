@@ -18,9 +18,13 @@ import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredResponse
+from gateway.sealing import PLAIN, ResponseCodec, Unreadable
+
+if TYPE_CHECKING:
+    from gateway.config import StoreConfig
 
 #: What an in_flight record whose lease ran out becomes, per route policy.
 ExpiredPolicy = Literal["unresolved", "parked", "release"]
@@ -31,6 +35,13 @@ EXPIRED_POLICY: dict[str, ExpiredPolicy] = {
     "release": "release",
     "reconcile": "unresolved",
 }
+
+
+def codec_for(config: StoreConfig) -> ResponseCodec:
+    """How the configured store writes responses: sealed when a key is set."""
+    if not config.encryption_key and not config.previous_encryption_keys:
+        return PLAIN
+    return ResponseCodec(config.encryption_key or None, config.previous_encryption_keys)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +65,22 @@ class OperatorResult:
 
 
 class Store(abc.ABC):
-    """Records of idempotency keys. See the module docstring for the guarantees."""
+    """Records of idempotency keys. See the module docstring for the guarantees.
 
-    def __init__(self) -> None:
+    Stored responses go through `codec` (plain, or sealed with the configured
+    keys). A record whose response cannot be read is returned with `response`
+    None and `unreadable` saying why; it is never changed or deleted for it."""
+
+    def __init__(self, codec: ResponseCodec = PLAIN) -> None:
         self.notifier = Notifier()
+        self.codec = codec
+
+    def read_response(self, digest: str, data: bytes) -> tuple[StoredResponse | None, str]:
+        """The response stored as `data` in record `digest`, or None and why not."""
+        try:
+            return self.codec.decode(digest, data), ""
+        except Unreadable as exc:
+            return None, str(exc)
 
     async def start(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Connect (and subscribe to change notifications). Called once."""

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.records import KeyRef, Record, State, StoredResponse
+from gateway.sealing import PLAIN, ResponseCodec
 from gateway.store.base import ExpiredPolicy, OperatorResult, Store
 
 _INDEXED = (State.IN_FLIGHT, State.UNRESOLVED, State.PARKED, State.CLAIMED)
@@ -31,9 +32,12 @@ def _event(now: int, event: str, **fields: Any) -> dict[str, Any]:
 
 
 class MemoryStore(Store):
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, codec: ResponseCodec = PLAIN) -> None:
+        super().__init__(codec)
         self._records: dict[str, Record] = {}
+        # With an encryption key, completed records hold no response: it is kept
+        # here sealed, as the Redis store keeps it, and opened on every read.
+        self._sealed: dict[str, bytes] = {}
         self._index: dict[State, set[str]] = {state: set() for state in _INDEXED}
         self._expires: dict[str, int] = {}  # digest -> ms, for completed and released
         self._expiry_heap: list[tuple[int, str]] = []  # may hold stale entries
@@ -52,6 +56,7 @@ class MemoryStore(Store):
     def _drop(self, digest: str) -> None:
         record = self._records.pop(digest, None)
         self._expires.pop(digest, None)
+        self._sealed.pop(digest, None)
         if record is not None and record.state in self._index:
             self._index[record.state].discard(digest)
 
@@ -76,6 +81,21 @@ class MemoryStore(Store):
             heapq.heappush(self._expiry_heap, (expires, record.digest))
         if notify:
             self.notifier.notify(record.digest)
+
+    def _keep(self, digest: str, response: StoredResponse | None) -> StoredResponse | None:
+        """What a completed record holds: the response, or None when it is sealed."""
+        if response is None or not self.codec.encrypting:
+            return response
+        self._sealed[digest] = self.codec.encode(digest, response)
+        return None
+
+    def _out(self, record: Record, now: int) -> Record:
+        """A snapshot for the caller, with a sealed response opened."""
+        sealed = self._sealed.get(record.digest)
+        if sealed is None:
+            return replace(record, now_ms=now)
+        response, unreadable = self.read_response(record.digest, sealed)
+        return replace(record, now_ms=now, response=response, unreadable=unreadable)
 
     def _move(
         self, record: Record, state: State, now: int, *events: dict[str, Any], **changes: Any
@@ -157,7 +177,7 @@ class MemoryStore(Store):
             )
             self._put(fresh, notify=False)
             return None
-        return replace(record, now_ms=now)
+        return self._out(record, now)
 
     async def complete(
         self, ref: KeyRef, run_id: str, response: StoredResponse, ttl: float
@@ -173,7 +193,8 @@ class MemoryStore(Store):
         events = []
         if record.state is State.UNRESOLVED or record.history:
             events.append(_event(now, "completed", origin=response.origin))
-        self._settle(record, State.COMPLETED, now, ttl, *events, response=response, reason="")
+        kept = self._keep(ref.digest, response)
+        self._settle(record, State.COMPLETED, now, ttl, *events, response=kept, reason="")
         return True
 
     async def release(self, ref: KeyRef, run_id: str, ttl: float, reason: str) -> bool:
@@ -208,7 +229,7 @@ class MemoryStore(Store):
     async def get(self, ref: KeyRef) -> Record | None:
         now = _now_ms()
         record = self._read(ref.digest, now)
-        return None if record is None else replace(record, now_ms=now)
+        return None if record is None else self._out(record, now)
 
     # -- the sweep and the reconciler -----------------------------------------------
 
@@ -256,7 +277,8 @@ class MemoryStore(Store):
         checked = _event(now, "reconcile", result=result, answer=answer)
         record = replace(record, check_lock_ms=0, reconcile=answer)
         if result == "done":
-            self._settle(record, State.COMPLETED, now, ttl, checked, response=response)
+            kept = self._keep(ref.digest, response)
+            self._settle(record, State.COMPLETED, now, ttl, checked, response=kept)
             return "completed"
         if result == "not_done":
             released = _event(now, "released", reason="the upstream says it did not run")
@@ -331,7 +353,8 @@ class MemoryStore(Store):
             return OperatorResult(False, state="claimed", refused="holder", holder=record.holder)
         event = _event(now, "resolved", operator=operator, outcome=outcome, note=note)
         if outcome == "done":
-            self._settle(record, State.COMPLETED, now, ttl, event, response=response)
+            kept = self._keep(ref.digest, response)
+            self._settle(record, State.COMPLETED, now, ttl, event, response=kept)
             return OperatorResult(True, state="completed")
         self._settle(record, State.RELEASED, now, ttl, event)
         return OperatorResult(True, state="released")

@@ -40,7 +40,7 @@ from redis.retry import Retry
 from gateway.config import StoreConfig, TLSConfig
 from gateway.errors import StoreError
 from gateway.records import KeyRef, Record, State, StoredResponse
-from gateway.store.base import ExpiredPolicy, OperatorResult, Store
+from gateway.store.base import ExpiredPolicy, OperatorResult, Store, codec_for
 from gateway.store.resp import Endpoint, RespConnection, RespConnectionError, RespError
 
 log = logging.getLogger("gateway.store")
@@ -185,7 +185,7 @@ def _locator(config: StoreConfig, client: Any) -> Callable[[], Awaitable[Endpoin
 
 class RedisStore(Store):
     def __init__(self, config: StoreConfig) -> None:
-        super().__init__()
+        super().__init__(codec_for(config))
         self.prefix = config.prefix
         self.cluster = config.kind == "cluster"
         self.client, self._connection_kwargs = _client(config)
@@ -299,7 +299,7 @@ class RedisStore(Store):
             reply = await self._run("claim", ref, *args)
         if reply[0] == 1:
             return None
-        return _record(ref.digest, int(reply[1]), reply[2:])
+        return _record(self, ref.digest, int(reply[1]), reply[2:])
 
     async def _claim_replicated(self, ref: KeyRef, args: tuple[Any, ...]) -> Any:
         """Claim, then WAIT on the same connection until replicas hold the claim.
@@ -326,7 +326,14 @@ class RedisStore(Store):
         self, ref: KeyRef, run_id: str, response: StoredResponse, ttl: float
     ) -> bool:
         return bool(
-            await self._run("complete", ref, run_id, response.encode(), _ms(ttl), response.origin)
+            await self._run(
+                "complete",
+                ref,
+                run_id,
+                self.codec.encode(ref.digest, response),
+                _ms(ttl),
+                response.origin,
+            )
         )
 
     async def release(self, ref: KeyRef, run_id: str, ttl: float, reason: str) -> bool:
@@ -354,7 +361,9 @@ class RedisStore(Store):
             raise StoreError(f"redis read failed: {exc}") from exc
         now = seconds * 1000 + micros // 1000
         return [
-            _record(digest, now, [x for pair in fields.items() for x in pair]) if fields else None
+            _record(self, digest, now, [x for pair in fields.items() for x in pair])
+            if fields
+            else None
             for digest, fields in zip(digests, replies, strict=True)
         ]
 
@@ -412,7 +421,7 @@ class RedisStore(Store):
             run_id,
             result,
             json.dumps(answer),
-            response.encode() if response is not None else b"",
+            self.codec.encode(ref.digest, response) if response is not None else b"",
             _ms(ttl),
             _ms(park_after),
         )
@@ -449,7 +458,7 @@ class RedisStore(Store):
         response: StoredResponse | None,
         ttl: float,
     ) -> OperatorResult:
-        body = response.encode() if response is not None else b""
+        body = self.codec.encode(ref.digest, response) if response is not None else b""
         reply = await self._run("op_resolve", ref, operator, outcome, note, body, _ms(ttl))
         if reply[0] == 1:
             return OperatorResult(True, state=_text(reply[1]))
@@ -534,9 +543,10 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-def _record(digest: str, now_ms: int, flat: list[Any]) -> Record:
+def _record(store: Store, digest: str, now_ms: int, flat: list[Any]) -> Record:
     fields: dict[bytes, bytes] = dict(zip(flat[::2], flat[1::2], strict=True))
-    response = fields.get(b"resp")
+    raw = fields.get(b"resp")
+    response, unreadable = (None, "") if raw is None else store.read_response(digest, raw)
     history: Any = json.loads(fields[b"h"]) if b"h" in fields else []
     reconcile: Any = json.loads(fields[b"rc"]) if b"rc" in fields else {}
     return Record(
@@ -549,7 +559,8 @@ def _record(digest: str, now_ms: int, flat: list[Any]) -> Record:
         created_ms=int(fields.get(b"c", 0)),
         now_ms=now_ms,
         lease_until_ms=int(fields.get(b"l", 0)),
-        response=StoredResponse.decode(response) if response is not None else None,
+        response=response,
+        unreadable=unreadable,
         reason=_text(fields.get(b"why")),
         since_ms=int(fields.get(b"u", 0)),
         holder=_text(fields.get(b"op")),

@@ -189,6 +189,20 @@ def process_group_rss_kib(pgid: int) -> int:
     return total
 
 
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU time these processes have used so far (exited ones count 0)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])  # stat fields 14 and 15: utime, stime
+    return total / ticks
+
+
 def group_pids(pgid: int) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():

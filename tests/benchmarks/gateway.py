@@ -130,6 +130,10 @@ class Result:
     socket_errors: int = 0
     timeouts: int = 0
     replayed: int = 0
+    #: CPU time the contender's processes (and Redis) used per request during the run:
+    #: unlike req/s, barely moved by whatever else the machine is doing.
+    cpu_us: float = 0.0
+    redis_cpu_us: float = 0.0
 
     @property
     def rps(self) -> float:
@@ -465,12 +469,19 @@ routes:
         self, c: Contender, run: int, workloads: Sequence[str], report: Callable[..., None]
     ) -> dict[str, Result]:
         out: dict[str, Result] = {}
-        with self.serving(c, f"{c.key}-run{run}") as (port, _):
+        with self.serving(c, f"{c.key}-run{run}") as (port, proc):
             for w in workloads if c.is_gateway else ("unique",):
                 self.flush(c)
                 if self.args.warmup > 0:
                     self.wrk.run(port, self.args.warmup, w)
+                pids = h.group_pids(proc.pid)
+                cpu = h.cpu_seconds(pids), h.cpu_seconds([self.redis.proc.pid])
                 r = self.wrk.run(port, self.args.duration, w, count_replays=c.is_gateway)
+                if r.requests:
+                    r.cpu_us = (h.cpu_seconds(pids) - cpu[0]) * 1e6 / r.requests
+                    r.redis_cpu_us = (
+                        (h.cpu_seconds([self.redis.proc.pid]) - cpu[1]) * 1e6 / r.requests
+                    )
                 out[w] = r
                 report(run, c, w if c.is_gateway else "-", r)
         return out
@@ -857,9 +868,9 @@ def render_table(
 
     nginx, bare = refs("nginx"), refs("bare")
     lines = [
-        "| contender | workload | req/s | p50 ms | p99 ms | x nginx | x bare | replayed | "
-        "non-2xx | errors |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| contender | workload | req/s | p50 ms | p99 ms | x nginx | x bare | CPU us/req | "
+        "CPU x bare | Redis CPU us/req | replayed | non-2xx | errors |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     summary: dict[str, dict[str, dict[str, float]]] = {}
 
@@ -874,6 +885,9 @@ def render_table(
             if not rs:
                 continue
             xn, xb = ratio(rs, nginx), ratio(rs, bare)
+            cpu = _median([r.cpu_us for r in rs])
+            bare_cpu = _median([r.cpu_us for r in bare]) if bare else 0.0
+            redis_cpu = _median([r.redis_cpu_us for r in rs]) if c.is_gateway else None
             requests = sum(r.requests for r in rs)
             row = {
                 "rps": _median([r.rps for r in rs]),
@@ -882,6 +896,9 @@ def render_table(
                 "x_nginx": xn if xn is not None else float("nan"),
                 "x_bare": xb if xb is not None else float("nan"),
                 "replayed_pct": 100 * sum(r.replayed for r in rs) / requests if requests else 0,
+                "cpu_us": cpu,
+                "cpu_x_bare": cpu / bare_cpu if bare_cpu else float("nan"),
+                "redis_cpu_us": redis_cpu if redis_cpu is not None else float("nan"),
             }
             summary.setdefault(c.key, {})[w] = row
             replayed = f"{row['replayed_pct']:.0f}%" if c.is_gateway else ""
@@ -889,6 +906,8 @@ def render_table(
                 f"| {c.label} | {w} | {h.fmt_int(row['rps'])} | {h.fmt_ms(row['p50_ms'])} | "
                 f"{h.fmt_ms(row['p99_ms'])} | {'n/a' if xn is None else f'{xn:.3g}'} | "
                 f"{'n/a' if xb is None else f'{xb:.3g}'} | "
+                f"{cpu:.0f} | {cpu / bare_cpu if bare_cpu else float('nan'):.2f} | "
+                f"{'' if redis_cpu is None else f'{redis_cpu:.0f}'} | "
                 f"{replayed} | "
                 f"{sum(r.non_2xx for r in rs)} | "
                 f"{sum(r.socket_errors + r.timeouts for r in rs)} |"

@@ -1,0 +1,156 @@
+"""Stored responses at rest: plain, or sealed with AES-256-GCM (`store.encryption_key`).
+
+A sealed response (status, headers and body together) is an envelope:
+
+    0x01 | key id (4 bytes) | nonce (12 random bytes) | ciphertext | GCM tag (16 bytes)
+
+The key id (the first 4 bytes of HMAC-SHA256(key, "key id")) picks the key that
+opens it, so reading needs no trial decryption, and names the key in messages
+without revealing it. The associated data is the envelope's first 5 bytes and the
+record's digest (route, scope and key), so a ciphertext copied into another
+record's field does not open. New responses are sealed with `encryption_key`;
+`previous_encryption_keys` only open old ones.
+
+A plain response (what `StoredResponse.encode` writes, always starting with `[`) is
+read as it is, so encryption can be turned on without downtime: responses stored
+before expire after their route's `response_ttl`.
+
+A response that cannot be read (its key is no longer configured, or the bytes were
+changed) raises `Unreadable`: the stores keep the record and say why, the engine
+answers a problem, and nothing is replayed wrongly or run again.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+from typing import TYPE_CHECKING
+
+from gateway.records import StoredResponse
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+VERSION = b"\x01"
+KEY_BYTES = 32
+KEY_ID_BYTES = 4
+NONCE_BYTES = 12
+TAG_BYTES = 16
+_HEADER = 1 + KEY_ID_BYTES
+KEYGEN_HINT = "generate one with `idempotency-gateway keygen` (32 random bytes, urlsafe base64)"
+
+
+class Unreadable(ValueError):
+    """A stored response that cannot be read. The message names no secret."""
+
+
+def new_key() -> str:
+    """A fresh key: 32 random bytes as urlsafe base64 (44 characters)."""
+    return base64.urlsafe_b64encode(os.urandom(KEY_BYTES)).decode()
+
+
+def parse_key(text: str) -> bytes:
+    """The 32 bytes of a key written as base64 (urlsafe or standard, padding optional).
+    ValueError says what is wrong without quoting the text."""
+    compact = "".join(text.split())
+    if not compact:
+        raise ValueError(
+            "is empty: if it comes from ${VAR}, that variable is not set; set it, or "
+            "remove the setting to store responses unencrypted"
+        )
+    alphabet = b"+/" if ("+" in compact or "/" in compact) else b"-_"
+    try:
+        padded = compact + "=" * (-len(compact) % 4)
+        raw = base64.b64decode(padded.encode("ascii"), altchars=alphabet, validate=True)
+    except (binascii.Error, ValueError, UnicodeEncodeError):
+        raise ValueError(f"is not base64 text; {KEYGEN_HINT}") from None
+    if len(raw) != KEY_BYTES:
+        raise ValueError(
+            f"is {len(raw)} bytes once decoded; an AES-256 key is {KEY_BYTES} bytes "
+            f"(44 characters of base64); {KEYGEN_HINT}"
+        )
+    return raw
+
+
+def key_id(key: bytes) -> bytes:
+    """A short, public name for a key: it identifies the key without revealing it."""
+    return hmac.new(key, b"idempotency-gateway key id", hashlib.sha256).digest()[:KEY_ID_BYTES]
+
+
+class ResponseCodec:
+    """Writes and reads stored responses for a store: plain without keys, sealed
+    with the first key otherwise. `keys[0]` writes (None: write plain); every key
+    in `keys` reads."""
+
+    def __init__(self, writer: bytes | None = None, readers: tuple[bytes, ...] = ()) -> None:
+        self._writer: tuple[bytes, AESGCM] | None = None
+        self._readers: dict[bytes, AESGCM] = {}
+        keys = ((writer,) if writer is not None else ()) + readers
+        if keys:
+            # Imported only when a key is set: plain deployments never load it.
+            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+            for key in keys:
+                self._readers[key_id(key)] = AESGCM(key)
+        if writer is not None:
+            self._writer = (key_id(writer), self._readers[key_id(writer)])
+
+    @property
+    def encrypting(self) -> bool:
+        return self._writer is not None
+
+    @property
+    def writer_id(self) -> str:
+        return self._writer[0].hex() if self._writer is not None else ""
+
+    def encode(self, digest: str, response: StoredResponse) -> bytes:
+        plain = response.encode()
+        if self._writer is None:
+            return plain
+        kid, aead = self._writer
+        header = VERSION + kid
+        nonce = os.urandom(NONCE_BYTES)
+        return header + nonce + aead.encrypt(nonce, plain, _associated(header, digest))
+
+    def decode(self, digest: str, data: bytes) -> StoredResponse:
+        if data[:1] == VERSION:
+            data = self._open(digest, data)
+        try:
+            return StoredResponse.decode(data)
+        except (ValueError, TypeError):
+            raise Unreadable("the stored bytes are damaged: not a stored response") from None
+
+    def _open(self, digest: str, data: bytes) -> bytes:
+        if len(data) < _HEADER + NONCE_BYTES + TAG_BYTES:
+            raise Unreadable("the stored bytes are damaged: too short for an encrypted response")
+        header, nonce = data[:_HEADER], data[_HEADER : _HEADER + NONCE_BYTES]
+        kid = header[1:].hex()
+        aead = self._readers.get(header[1:])
+        if aead is None:
+            configured = ", ".join(k.hex() for k in self._readers)
+            raise Unreadable(
+                f"it was encrypted with key id {kid}, which is not configured "
+                + (f"(configured: {configured})" if configured else "(no key is configured)")
+            )
+        from cryptography.exceptions import InvalidTag
+
+        try:
+            sealed = data[_HEADER + NONCE_BYTES :]
+            return aead.decrypt(nonce, sealed, _associated(header, digest))
+        except InvalidTag:
+            raise Unreadable(
+                f"it does not decrypt with key id {kid}: it was changed in the store, or "
+                "copied from another record"
+            ) from None
+
+
+def _associated(header: bytes, digest: str) -> bytes:
+    """Authenticated with the ciphertext: the envelope header (version, key id) and
+    the record it belongs to."""
+    return header + digest.encode()
+
+
+PLAIN = ResponseCodec()

@@ -1,0 +1,469 @@
+"""Stored responses encrypted at rest (store.encryption_key): the envelope, what
+Redis holds, rotation, tampering, records moved between keys, and config errors.
+
+Redis tests run an in-process gateway (the real config path, a real redis-server and
+the real upstream) and read Redis raw, as someone with a dump of it would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import yaml
+from prometheus_client import generate_latest
+
+from gateway import cli
+from gateway.app import Gateway
+from gateway.config import parse_config
+from gateway.errors import ConfigError
+from gateway.keys import record_digest
+from gateway.records import KeyRef, State, StoredResponse
+from gateway.sealing import PLAIN, ResponseCodec, Unreadable, key_id, new_key, parse_key
+from gateway.store.memory import MemoryStore
+from gateway.store.redis import BUCKETS, RedisStore
+from tests.conftest import GatewayClient, config_for, unique, upstream_count
+from tests.support.ledger import Ledger
+from tests.support.servers import Process, RedisServer
+
+pytestmark = pytest.mark.anyio
+
+K1, K2, K3 = new_key(), new_key(), new_key()
+RAW1, RAW2 = parse_key(K1), parse_key(K2)
+ID1, ID2 = key_id(RAW1), key_id(RAW2)
+PERSONAL = "alice.personal@example.com"
+ROUTE = "mail"
+RESPONSE = StoredResponse(
+    200, (("content-type", "application/json"), ("x-user", PERSONAL)), b'{"to": "' + b"x" * 40
+)
+
+
+def secrets_in(text: str | bytes) -> list[str]:
+    """Any of the test keys, in any form, found in `text`."""
+    data = text.encode() if isinstance(text, str) else text
+    found = []
+    for key in (K1, K2, K3):
+        raw = parse_key(key)
+        forms = [key, key.rstrip("="), base64.b64encode(raw).decode(), raw.hex()]
+        found += [key for form in forms if form.encode() in data]
+        found += [key] if raw in data else []
+    return found
+
+
+# -- the envelope ------------------------------------------------------------------
+
+
+def test_envelope_layout_round_trip_and_fresh_nonces() -> None:
+    codec = ResponseCodec(RAW1)
+    digest = record_digest(ROUTE, "", "k1")
+    first, second = codec.encode(digest, RESPONSE), codec.encode(digest, RESPONSE)
+    assert first[:1] == b"\x01" and first[1:5] == ID1
+    assert len(first) == len(RESPONSE.encode()) + 1 + 4 + 12 + 16
+    assert PERSONAL.encode() not in first and b"content-type" not in first
+    assert first[5:17] != second[5:17], "every record gets its own random nonce"
+    assert codec.decode(digest, first) == RESPONSE == codec.decode(digest, second)
+
+
+def test_envelope_refuses_every_changed_byte(ledger: Ledger) -> None:
+    """A flipped bit anywhere (version, key id, nonce, ciphertext, tag) is refused:
+    never read as some other response."""
+    codec = ResponseCodec(RAW1, (RAW2,))
+    digest = record_digest(ROUTE, "", "k1")
+    sealed = codec.encode(digest, RESPONSE)
+    refused: list[str] = []
+    wrong: list[int] = []
+    for i in range(len(sealed)):
+        changed = bytearray(sealed)
+        changed[i] ^= 0x01 if i else 0x02  # the version byte flipped to another value
+        try:
+            codec.decode(digest, bytes(changed))
+            wrong.append(i)
+        except Unreadable as exc:
+            refused.append(str(exc))
+    ledger.record(
+        "isolation",
+        "envelope_refuses_every_changed_byte",
+        bad_inputs=len(sealed),
+        detail=f"{len(sealed) - len(wrong)} of {len(sealed)} single-bit changes refused",
+    )
+    assert wrong == []
+    assert all(not secrets_in(message) for message in refused)
+
+
+def test_envelope_is_bound_to_its_record() -> None:
+    codec = ResponseCodec(RAW1)
+    here, there = record_digest(ROUTE, "", "a"), record_digest(ROUTE, "", "b")
+    with pytest.raises(Unreadable, match="copied from another record"):
+        codec.decode(there, codec.encode(here, RESPONSE))
+    other_route = record_digest("other", "", "a")
+    with pytest.raises(Unreadable):
+        codec.decode(other_route, codec.encode(here, RESPONSE))
+
+
+def test_reading_picks_the_key_by_its_id() -> None:
+    digest = record_digest(ROUTE, "", "k")
+    old = ResponseCodec(RAW1).encode(digest, RESPONSE)
+    rotated = ResponseCodec(RAW2, (RAW1,))
+    assert rotated.decode(digest, old) == RESPONSE
+    assert rotated.encode(digest, RESPONSE)[1:5] == ID2
+    with pytest.raises(Unreadable) as caught:
+        ResponseCodec(RAW2).decode(digest, old)
+    message = str(caught.value)
+    assert ID1.hex() in message and ID2.hex() in message and not secrets_in(message)
+    with pytest.raises(Unreadable, match="no key is configured"):
+        PLAIN.decode(digest, old)
+
+
+def test_plain_records_still_read_and_damage_is_reported() -> None:
+    """Records stored before encryption was turned on stay readable; damaged bytes
+    are an Unreadable, not a crash."""
+    digest = record_digest(ROUTE, "", "k")
+    assert ResponseCodec(RAW1).decode(digest, RESPONSE.encode()) == RESPONSE
+    for damaged in (b"\x01short", b"not json\nbody", b"[1,2]\n", b""):
+        with pytest.raises(Unreadable, match="damaged"):
+            ResponseCodec(RAW1).decode(digest, damaged)
+
+
+def test_key_formats() -> None:
+    raw = bytes(range(32))
+    urlsafe = base64.urlsafe_b64encode(raw).decode()
+    assert parse_key(urlsafe) == raw
+    assert parse_key(urlsafe.rstrip("=")) == raw
+    assert parse_key(base64.b64encode(raw).decode()) == raw
+    assert len(parse_key(new_key())) == 32 and new_key() != new_key()
+
+
+# -- config ----------------------------------------------------------------------
+
+
+def config_errors(store: dict[str, Any], env: dict[str, str]) -> str:
+    route = {"name": "r", "match": {"path": "/r"}, "upstream": "http://127.0.0.1:1"}
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"store": store, "routes": [route]}, "gateway.yaml", env=env)
+    return str(caught.value)
+
+
+def test_config_errors_name_the_place_and_the_fix_never_the_key(ledger: Ledger) -> None:
+    short = base64.urlsafe_b64encode(b"k" * 16).decode()
+    path = "store.previous_encryption_keys"
+    cases = [  # (store section, the problem at its YAML path, the fix)
+        ({"encryption_key": short}, "store.encryption_key: is 16 bytes once decoded", "keygen"),
+        ({"encryption_key": "not base64 at all!"}, "store.encryption_key: is not base64", "keygen"),
+        ({"encryption_key": "${UNSET_KEY}"}, "store.encryption_key: is empty", "set it"),
+        ({"encryption_key": 12345}, "store.encryption_key: expected a key as text", "${"),
+        (
+            {"encryption_key": K1, "previous_encryption_keys": [K2, K1]},
+            f"{path}[1]: is the same key as store.encryption_key",
+            "list each key once",
+        ),
+        (
+            {"encryption_key": K1, "previous_encryption_keys": K2},
+            f"{path}: expected a list",
+            '["${OLD_KEY}"]',
+        ),
+        (
+            {"previous_encryption_keys": [K2, "${OLD}"]},
+            f"{path}[1]: is the same key as {path}[0]",
+            "list each key once",
+        ),
+    ]
+    seen = []
+    for store, problem, fix in cases:
+        message = config_errors(store, env={"OLD": K2})
+        seen.append(message)
+        assert message.startswith(f"gateway.yaml: {problem}") and fix in message, message
+        assert message.count("\n") == 0, "one problem, one line"
+    ledger.record(
+        "isolation",
+        "encryption_config_errors",
+        bad_inputs=len(cases),
+        detail="wrong length, not base64, empty, not text, duplicates, not a list",
+    )
+    assert not any(secrets_in(message) or short in message for message in seen)
+
+
+def test_keys_come_from_the_environment_and_stay_out_of_cli_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GATEWAY_KEY_NEW", K2)
+    monkeypatch.setenv("GATEWAY_KEY_OLD", K1)
+    path = tmp_path / "gateway.yaml"
+    route = {
+        "name": ROUTE,
+        "match": {"methods": ["POST"], "path": "/jobs/mail"},
+        "upstream": "http://127.0.0.1:5000",
+        "key": {"body": "job_key"},
+    }
+    store = {
+        "url": "memory://",
+        "encryption_key": "${GATEWAY_KEY_NEW}",
+        "previous_encryption_keys": ["${GATEWAY_KEY_OLD}"],
+    }
+    path.write_text(yaml.safe_dump({"store": store, "routes": [route]}))
+    assert cli.main(["check-config", str(path)]) == 0
+    explain = ["explain", "--config", str(path), "POST", "/jobs/mail", "-d", '{"job_key": 1}']
+    assert cli.main(explain) == 0
+    assert cli.main(["keygen"]) == 0
+    out = capsys.readouterr()
+    assert f"new responses sealed with key id {ID2.hex()}; also reads key id(s) {ID1.hex()}" in (
+        out.out
+    )
+    generated = out.out.strip().splitlines()[-1]
+    assert len(parse_key(generated)) == 32 and generated not in out.err
+    config = parse_config(yaml.safe_load(path.read_text()), str(path))
+    assert config.store.encryption_key == RAW2 and config.store.previous_encryption_keys == (RAW1,)
+    assert not secrets_in(out.out + out.err + repr(config))
+
+
+# -- what Redis holds --------------------------------------------------------------
+
+
+def route_config() -> dict[str, Any]:
+    return {
+        "name": ROUTE,
+        "match": {"methods": ["POST"], "path": "/jobs/mail"},
+        "key": {"body": "job_key"},
+        "wait_timeout": "2s",
+    }
+
+
+@asynccontextmanager
+async def running(upstream: Process, store: dict[str, Any]) -> AsyncIterator[GatewayClient]:
+    """A gateway as `run` builds it from config: restart = leave and enter again."""
+    gateway = Gateway(config_for(upstream.url, [route_config()], store=store), sweep=False)
+    await gateway.start()
+    if isinstance(gateway.store, RedisStore):
+        await subscribed(gateway.store)
+    client = GatewayClient(gateway)
+    try:
+        yield client
+    finally:
+        await client.http.aclose()
+        await gateway.close()
+
+
+async def subscribed(store: RedisStore) -> None:
+    """Wait for the store's notification listener: a RedisStore closed before it has
+    subscribed waits 10 s for the listener (redis-py swallows the cancel)."""
+    channel = store._channels[-1]
+    async with asyncio.timeout(15):
+        while not (await store.client.execute_command("PUBSUB", "SHARDNUMSUB", channel))[1]:
+            await asyncio.sleep(0.01)
+
+
+def redis_name(prefix: str, key: str) -> str:
+    digest = record_digest(ROUTE, "", key)
+    return f"{prefix}{{{int(digest[:4], 16) % BUCKETS:02x}}}:{digest}"
+
+
+async def send(client: GatewayClient, key: str) -> Any:
+    return await client.post("/jobs/mail", json={"job_key": key, "to": PERSONAL})
+
+
+def assert_problem(response: Any, key: str) -> dict[str, Any]:
+    assert response.status_code == 500, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    doc: dict[str, Any] = response.json()
+    assert doc["type"].endswith("/stored-response-unreadable")
+    assert doc["title"] == "Stored response cannot be decrypted"
+    assert doc["key"] == key and "record is kept" in doc["detail"]
+    assert PERSONAL not in response.text and not secrets_in(response.text)
+    return doc
+
+
+@pytest.fixture
+def raw_redis(redis_server: RedisServer) -> Any:
+    client = redis.Redis(port=redis_server.port)
+    yield client
+    client.close()
+
+
+@pytest.mark.redis
+async def test_redis_holds_no_plaintext_and_replays(
+    redis_server: RedisServer, upstream: Process, raw_redis: Any
+) -> None:
+    plain_prefix, sealed_prefix = unique("plain") + ":", unique("sealed") + ":"
+    plain_key, key = unique(), unique()
+    async with running(upstream, {"url": redis_server.url, "prefix": plain_prefix}) as plain:
+        assert (await send(plain, plain_key)).status_code == 200
+    store = {"url": redis_server.url, "prefix": sealed_prefix, "encryption_key": K1}
+    async with running(upstream, store) as gateway:
+        first = await send(gateway, key)
+        again = await send(gateway, key)
+    # The control: without a key, the body and headers are there to read.
+    plain_raw = b"|".join(raw_redis.hgetall(redis_name(plain_prefix, plain_key)).values())
+    assert PERSONAL.encode() in plain_raw and b"application/json" in plain_raw
+    fields = raw_redis.hgetall(redis_name(sealed_prefix, key))
+    raw = b"|".join(fields.values())
+    for plaintext in (PERSONAL.encode(), b"application/json", b"x-run", b"uvicorn", b"[200,"):
+        assert plaintext not in raw, plaintext
+    assert fields[b"resp"][:5] == b"\x01" + ID1
+    assert first.status_code == 200 and first.json()["body"].count(PERSONAL) == 1
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content and again.headers["x-run"] == "1"
+    assert await upstream_count(upstream, key) == 1
+
+
+@pytest.mark.redis
+async def test_rotation_reads_old_keys_writes_the_new_one_and_never_deletes(
+    redis_server: RedisServer,
+    upstream: Process,
+    raw_redis: Any,
+    ledger: Ledger,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    prefix = unique("rot") + ":"
+    old, new = unique("old"), unique("new")
+    url = redis_server.url
+    async with running(upstream, {"url": url, "prefix": prefix, "encryption_key": K1}) as one:
+        written = await send(one, old)
+    assert raw_redis.hget(redis_name(prefix, old), "resp")[1:5] == ID1
+    rotated = {"url": url, "prefix": prefix, "encryption_key": K2, "previous_encryption_keys": [K1]}
+    async with running(upstream, rotated) as two:
+        replayed = await send(two, old)
+        fresh = await send(two, new)
+    assert replayed.headers["idempotent-replayed"] == "true"
+    assert replayed.content == written.content
+    assert raw_redis.hget(redis_name(prefix, new), "resp")[1:5] == ID2
+    before = raw_redis.hgetall(redis_name(prefix, old))
+    caplog.set_level(logging.INFO)
+    async with running(upstream, {"url": url, "prefix": prefix, "encryption_key": K2}) as three:
+        refused = [await send(three, old), await send(three, old)]
+        still = await send(three, new)
+        counted = three.gateway.metrics.registry.get_sample_value(
+            "idempotency_gateway_requests_total", {"route": ROUTE, "outcome": "unreadable"}
+        )
+        metrics_text = generate_latest(three.gateway.metrics.registry)
+        kept = await three.gateway.store.get(KeyRef(record_digest(ROUTE, "", old), ROUTE, old))
+    after = raw_redis.hgetall(redis_name(prefix, old))
+    runs = await upstream_count(upstream, old)
+    ledger.record(
+        "isolation",
+        "encryption_rotation",
+        requests=6,
+        faults=1,
+        upstream_duplicates=runs - 1,
+        records_lost=0 if after else 1,
+        detail="K1 -> [K2, K1] -> [K2]: old record replayed, then refused and kept",
+    )
+    for response in refused:
+        doc = assert_problem(response, old)
+        assert ID1.hex() in doc["detail"] and ID2.hex() in doc["detail"]
+    assert after == before, "the unreadable record is kept exactly as it was"
+    assert kept is not None and kept.state is State.COMPLETED and kept.response is None
+    assert ID1.hex() in kept.to_json()["response"]["unreadable"]
+    assert runs == 1
+    assert still.headers["idempotent-replayed"] == "true" and still.content == fresh.content
+    assert counted == 2
+    logged = [r.getMessage() for r in caplog.records if "cannot be decrypted" in r.getMessage()]
+    assert len(logged) == 2 and record_digest(ROUTE, "", old) in logged[0]
+    assert not secrets_in(caplog.text) and not secrets_in(metrics_text)
+
+
+@pytest.mark.redis
+async def test_tampered_ciphertext_gives_the_problem_not_a_wrong_replay(
+    redis_server: RedisServer, upstream: Process, raw_redis: Any, ledger: Ledger
+) -> None:
+    prefix = unique("tamper") + ":"
+    store = {"url": redis_server.url, "prefix": prefix, "encryption_key": K1}
+    keys = [unique() for _ in range(3)]
+    async with running(upstream, store) as gateway:
+        for key in keys:
+            assert (await send(gateway, key)).status_code == 200
+        # Flip one bit of the nonce, of the ciphertext, of the tag.
+        for key, where in zip(keys, (7, 40, -1), strict=True):
+            name = redis_name(prefix, key)
+            sealed = bytearray(raw_redis.hget(name, "resp"))
+            sealed[where] ^= 0x01
+            raw_redis.hset(name, "resp", bytes(sealed))
+        answers = [await send(gateway, key) for key in keys]
+    runs = [await upstream_count(upstream, key) for key in keys]
+    ledger.record(
+        "isolation",
+        "encryption_tampered_ciphertext",
+        requests=6,
+        faults=3,
+        upstream_duplicates=sum(runs) - len(keys),
+        detail="one bit flipped in the nonce, the ciphertext, the tag",
+    )
+    for key, answer in zip(keys, answers, strict=True):
+        assert "changed in the store" in assert_problem(answer, key)["detail"]
+    assert runs == [1, 1, 1]
+
+
+@pytest.mark.redis
+async def test_ciphertext_moved_to_another_record_does_not_open(
+    redis_server: RedisServer, upstream: Process, raw_redis: Any, ledger: Ledger
+) -> None:
+    prefix = unique("moved") + ":"
+    store = {"url": redis_server.url, "prefix": prefix, "encryption_key": K1}
+    alice, bob = unique("alice"), unique("bob")
+    async with running(upstream, store) as gateway:
+        alices = await send(gateway, alice)
+        await send(gateway, bob)
+        raw_redis.hset(
+            redis_name(prefix, bob), "resp", raw_redis.hget(redis_name(prefix, alice), "resp")
+        )
+        answer = await send(gateway, bob)
+        alice_again = await send(gateway, alice)
+    ledger.record(
+        "isolation",
+        "encryption_ciphertext_moved",
+        requests=4,
+        faults=1,
+        upstream_duplicates=await upstream_count(upstream, bob) - 1,
+        detail="alice's sealed response copied into bob's record",
+    )
+    assert alice not in answer.text, "bob must never get alice's response"
+    assert "copied from another record" in assert_problem(answer, bob)["detail"]
+    assert alice_again.content == alices.content
+
+
+@pytest.mark.redis
+async def test_encryption_turned_on_over_plain_records(
+    redis_server: RedisServer, upstream: Process, raw_redis: Any
+) -> None:
+    """Responses stored before a key was set replay; after the key is removed,
+    sealed ones give the problem unless the key is still listed as previous."""
+    prefix = unique("on") + ":"
+    before, sealed = unique(), unique()
+    url = redis_server.url
+    async with running(upstream, {"url": url, "prefix": prefix}) as plain:
+        first = await send(plain, before)
+    async with running(upstream, {"url": url, "prefix": prefix, "encryption_key": K1}) as keyed:
+        assert (await send(keyed, before)).content == first.content
+        written = await send(keyed, sealed)
+    reading = {"url": url, "prefix": prefix, "previous_encryption_keys": [K1]}
+    async with running(upstream, reading) as off:
+        assert (await send(off, sealed)).content == written.content
+        newest = unique()
+        await send(off, newest)
+    assert raw_redis.hget(redis_name(prefix, newest), "resp").startswith(b"[200,")
+    async with running(upstream, {"url": url, "prefix": prefix}) as none:
+        assert "no key is configured" in assert_problem(await send(none, sealed), sealed)["detail"]
+
+
+# -- the memory store gets the same envelope -----------------------------------------
+
+
+async def test_memory_store_seals_and_refuses_alike(upstream: Process) -> None:
+    async with running(upstream, {"url": "memory://", "encryption_key": K1}) as gateway:
+        store = gateway.gateway.store
+        assert isinstance(store, MemoryStore)
+        key = unique()
+        first = await send(gateway, key)
+        assert (await send(gateway, key)).content == first.content
+        digest = record_digest(ROUTE, "", key)
+        sealed = store._sealed[digest]
+        assert sealed[:5] == b"\x01" + ID1 and PERSONAL.encode() not in sealed
+        assert store._records[digest].response is None
+        store._sealed[digest] = sealed[:-1] + bytes([sealed[-1] ^ 1])
+        assert_problem(await send(gateway, key), key)
+        assert digest in store._records and await upstream_count(upstream, key) == 1
