@@ -178,3 +178,14 @@ async def test_a_dropped_connection_fails_only_the_calls_on_it(
         assert await conn.call("PING") == b"PONG"
     finally:
         await conn.close()
+
+
+async def test_close_right_after_start_ends_the_listener(redis_server: RedisServer) -> None:
+    # redis-py's get_message can swallow a cancel; close() must still end the
+    # notification listener instead of returning with it running.
+    for i in range(20):
+        store = RedisStore(StoreConfig(url=redis_server.url, prefix="t:"))
+        await store.start()
+        await asyncio.sleep(0.001 * (i % 5))
+        await store.close()
+        assert store._listener is not None and store._listener.done()

@@ -196,6 +196,7 @@ class RedisStore(Store):
         }
         self._channels = [self._tag(b) + "c" for b in range(BUCKETS)]
         self._listener: asyncio.Task[None] | None = None
+        self._closing = False
         # Scripts go over one pipelined connection of our own (see resp.py), except on
         # a cluster (redis-py routes by slot) and with wait_for_replicas (WAIT blocks
         # the connection it runs on, so it needs pooled ones).
@@ -271,9 +272,17 @@ class RedisStore(Store):
 
     async def close(self) -> None:
         # Bounded: a shutdown must not hang on a client that cannot say goodbye.
-        if self._listener is not None:
-            self._listener.cancel()
-            await asyncio.wait({self._listener}, timeout=10)
+        self._closing = True
+        listener = self._listener
+        if listener is not None:
+            # redis-py 8.1's get_message can swallow a cancel that lands beside its own
+            # read timeout, so cancel again until the task ends (the flag stops the
+            # loop at its next message or timeout otherwise).
+            for _ in range(50):
+                listener.cancel()
+                await asyncio.wait({listener}, timeout=0.2)
+                if listener.done():
+                    break
         if self._pipe is not None:
             await self._pipe.close()
         await _bounded(self.client.aclose(), "client")
@@ -485,7 +494,7 @@ class RedisStore(Store):
         per shard, for the channels it owns); waiters are woken locally. After a
         reconnect, all waiters are woken: they re-read."""
         delay = 0.1
-        while True:
+        while not self._closing:
             subscribers: list[tuple[Any, Any]] = []  # (pub/sub, its own client or None)
             try:
                 if self.cluster:
@@ -518,8 +527,8 @@ class RedisStore(Store):
                         await _bounded(shard.aclose(), "shard")
 
     async def _read(self, pubsub: Any) -> None:
-        while True:
-            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+        while not self._closing:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             if message is not None and message["type"] == "smessage":
                 member: bytes = message["data"]
                 self.notifier.notify(member.split(b"/", 1)[0].decode())
