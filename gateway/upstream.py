@@ -185,6 +185,9 @@ class Upstream:
             status = status or getattr(exc.message, "code", None)
             reason = f"the upstream closed the connection{_after(status)}"
             raise OutcomeLost(reason, status) from exc
+        except BodyTooLarge as exc:
+            reason = f"the upstream answered {status} with a body {exc}; reading stopped"
+            raise OutcomeLost(reason, status) from exc
         except aiohttp.ClientPayloadError as exc:
             raise OutcomeLost(f"the body was cut off{_after(status)}: {exc}", status) from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -193,7 +196,7 @@ class Upstream:
             ) from exc
 
 
-class BodyTooLarge(aiohttp.ClientPayloadError):
+class BodyTooLarge(Exception):
     """The body passed the route's `max_response_body`: the gateway stopped reading."""
 
 
@@ -209,9 +212,7 @@ async def _read_body(resp: aiohttp.ClientResponse, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             resp.close()  # drop the connection: the rest is never read
-            raise BodyTooLarge(
-                f"larger than max_response_body ({limit} bytes); the gateway stopped reading"
-            )
+            raise BodyTooLarge(f"larger than max_response_body ({limit} bytes)")
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -308,7 +308,7 @@ async def test_killed_gateways_lease_runs_out_on_redis_time(
         with pytest.raises(httpx.TransportError):
             await request
     snapshots: list[Record] = []
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 20  # the lease is 5.2 s; the sweep runs every 200 ms
     while time.monotonic() < deadline:
         record = await read_record(redis_server, key)
         assert record is not None
@@ -316,10 +316,8 @@ async def test_killed_gateways_lease_runs_out_on_redis_time(
         if record.state is not State.IN_FLIGHT:
             break
         await asyncio.sleep(0.05)
-    async with httpx.AsyncClient(base_url=sweeper.url, timeout=30) as http:
-        retry = await http.post("/work", **body)
-    runs = await upstream_count(raw, key)
     opened = snapshots[-1]
+    runs = await upstream_count(raw, key)
     ledger.record(
         AREA,
         f"killed gateway skewed {victim_skew:+g}s, sweeper {sweeper_skew:+g}s",
@@ -338,5 +336,7 @@ async def test_killed_gateways_lease_runs_out_on_redis_time(
     assert opened.state is State.PARKED, opened
     assert opened.since_ms >= claimed.lease_until_ms
     assert opened.history[0]["reason"] == "lease_expired"
+    async with httpx.AsyncClient(base_url=sweeper.url, timeout=30) as http:
+        retry = await http.post("/work", **body)
     assert retry.status_code == 409 and retry.json()["state"] == "parked"
-    assert runs == 1
+    assert runs == 1 and await upstream_count(raw, key) == 1
