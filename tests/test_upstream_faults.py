@@ -228,7 +228,7 @@ async def test_slow_upstream_reconciled_once_it_finished(
     """Policy reconcile: while the work still runs, the check is inconclusive and the
     repeat gets 409; once the upstream says it ran, the key completes, unrun twice."""
     key = unique("checked")
-    params = {"sleep": "2"}  # the route's deadline is 1 s
+    params = {"sleep": "3"}  # the route's deadline is 1 s
     answer = await client.post("/checked/slow", params=params, headers=key_header(key))
     early = await client.post("/checked/slow", params=params, headers=key_header(key))
     record = await until_state(redis_server, "checked", key, State.COMPLETED)
@@ -240,7 +240,7 @@ async def test_slow_upstream_reconciled_once_it_finished(
         requests=3,
         faults=1,
         upstream_duplicates=max(0, runs - 1),
-        detail="upstream sleeps 2 s behind a 1 s deadline; its status endpoint settles it",
+        detail="upstream sleeps 3 s behind a 1 s deadline; its status endpoint settles it",
     )
     problem(answer, 504, "outcome-unknown")
     assert problem(early, 409, "outcome-pending")["state"] == "unresolved"

@@ -37,11 +37,11 @@ MUTANTS = [
     Mutant(
         name="half-sent-response-complete",
         path="gateway/upstream.py",
-        old="            raise OutcomeLost(reason, status) from exc\n",
+        old='            reason = f"the upstream closed the connection{_after(status)}"\n',
         new=(
             "            if status is not None:\n"
             "                return UpstreamResponse(status, (), b'')\n"
-            "            raise OutcomeLost(reason, status) from exc\n"
+            '            reason = f"the upstream closed the connection{_after(status)}"\n'
         ),
         tests=(f"{FAULTS}::test_broken_answer_is_never_resent[half_headers-POST]",),
         breaks="a status line without its headers or body is taken for a complete answer",
@@ -75,7 +75,7 @@ MUTANTS = [
         breaks="a never-ending body is read into memory until the deadline",
     ),
     Mutant(
-        name="unknown-outcome-released",
+        name="lost-answer-released",
         path="gateway/engine.py",
         old="                await self._unknown(route, ref, run_id, exc.reason)\n",
         new="                await self._release(route, ref, run_id, exc.reason)\n",
@@ -89,14 +89,6 @@ MUTANTS = [
         new="            if response.status >= 600:\n",
         tests=(f"{FAULTS}::test_5xx_storm_releases_and_retries_one_at_a_time",),
         breaks="a 500/503 is stored and replayed: the key is never retried",
-    ),
-    Mutant(
-        name="claim-ignores-in-flight",
-        path="gateway/store/lua/claim.lua",
-        old="if not state or state == 'released' then",
-        new="if not state or state == 'released' or state == 'in_flight' then",
-        tests=(f"{FAULTS}::test_5xx_storm_releases_and_retries_one_at_a_time",),
-        breaks="a duplicate in another gateway runs the key while the first still runs",
     ),
     Mutant(
         name="lease-deadline-from-local-clock",
