@@ -135,6 +135,8 @@ class Route:
     cache_statuses: frozenset[int] = DEFAULT_CACHE_STATUSES
     max_request_body: int = 1024 * 1024
     max_stored_body: int = 1024 * 1024
+    #: the most response body the gateway reads; past it the outcome is unknown
+    max_response_body: int = 64 * 1024 * 1024
     forward_key_header: str | None = "Idempotency-Key"
     upstream_timeout: float = 30.0
     response_ttl: float = 86400.0
@@ -911,6 +913,7 @@ _ROUTE_SETTINGS: dict[str, Callable[[object, str, Issues], Any]] = {
     "cache_statuses": _cache_statuses,
     "max_request_body": size_value,
     "max_stored_body": size_value,
+    "max_response_body": size_value,
     "forward_key_header": forward_header_name,
     "upstream_timeout": duration_value,
     "response_ttl": duration_value,
@@ -1005,7 +1008,8 @@ def _describe_route(route: Route) -> list[str]:
         (
             "body limits",
             f"request {format_size(route.max_request_body)}; "
-            f"stored {format_size(route.max_stored_body)}",
+            f"stored {format_size(route.max_stored_body)}; "
+            f"read {format_size(route.max_response_body)}",
         ),
         ("unknown outcome", route.on_unknown_outcome),
     ]

@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from gateway.config import Config, Route
@@ -290,12 +290,15 @@ class Engine:
                     key=ref.key,
                 ) from exc
             except OutcomeLost as exc:
+                # Even a status line alone says the request arrived: its work ran, or
+                # runs still. The key stays open, whatever that status was.
                 await self._unknown(route, ref, run_id, exc.reason)
                 raise OutcomeUnknown(
                     f"{exc.reason}. The upstream may have done the work; the gateway will "
                     "not resend it blind.",
                     route=route.name,
                     key=ref.key,
+                    **_upstream_status(exc),
                 ) from exc
             if response.status not in route.cache_statuses:
                 await self._release(route, ref, run_id, f"upstream answered {response.status}")
@@ -356,7 +359,12 @@ class Engine:
         started = time.perf_counter()
         try:
             response = await self.upstream.forward(
-                parts.method, url, headers, parts.body, route.upstream_timeout
+                parts.method,
+                url,
+                headers,
+                parts.body,
+                route.upstream_timeout,
+                route.max_response_body,
             )
         finally:
             self.metrics.upstream_duration.labels(route.name).observe(time.perf_counter() - started)
@@ -376,7 +384,7 @@ class Engine:
         except NotSent as exc:
             raise UpstreamFailed(exc.reason, route=route.name) from exc
         except OutcomeLost as exc:
-            raise OutcomeUnknown(exc.reason, route=route.name) from exc
+            raise OutcomeUnknown(exc.reason, route=route.name, **_upstream_status(exc)) from exc
         return Reply(response.status, response.headers, response.body)
 
     def _to_store(self, route: Route, response: UpstreamResponse) -> StoredResponse:
@@ -472,6 +480,11 @@ def _missing_detail(route: Route) -> str:
         f"{s.kind} {s.name}".strip() if s.kind != "hash" else "hash" for s in route.key.sources
     )
     return f"Route {route.name!r} reads its idempotency key from: {names}."
+
+
+def _upstream_status(exc: OutcomeLost) -> dict[str, Any]:
+    """The status the upstream sent before its answer was lost, for the problem body."""
+    return {} if exc.status is None else {"upstream_status": exc.status}
 
 
 def _header_safe(key: str) -> str:

@@ -17,7 +17,8 @@
         ├── ResponseUnreadable 500: the stored response cannot be decrypted; kept as is
         ├── UpstreamFailed     502: the upstream could not be reached (never sent)
         ├── StoreUnavailable   503: the store is down and the route fails closed
-        └── OutcomeUnknown     504: the upstream timed out after the request was sent
+        └── OutcomeUnknown     504: the request was sent and its answer lost (timeout,
+                                   reset, cut off): the work may have run
 
 Each ProblemError knows its `type`, `title` and status, and renders itself.
 """
@@ -70,6 +71,11 @@ class NotSent(UpstreamError):
 
 class OutcomeLost(UpstreamError):
     """Timed out, reset or broken after the request was (maybe) sent."""
+
+    def __init__(self, reason: str, status: int | None = None) -> None:
+        super().__init__(reason)
+        #: the upstream's status, if its status line arrived before the failure
+        self.status = status
 
 
 class ProblemError(GatewayError):
@@ -186,4 +192,4 @@ class StoreUnavailable(ProblemError):
 class OutcomeUnknown(ProblemError):
     status = 504
     slug = "outcome-unknown"
-    title = "The upstream did not answer in time; the outcome is unknown"
+    title = "The upstream's answer was lost; the outcome is unknown"

@@ -105,7 +105,9 @@ class Reconciler:
         if route.forward_key_header:
             headers.append((route.forward_key_header, record.key))
         try:
-            response = await self.upstream.forward(rc.method, url, headers, b"", rc.timeout)
+            response = await self.upstream.forward(
+                rc.method, url, headers, b"", rc.timeout, route.max_response_body
+            )
         except UpstreamError as exc:
             return "inconclusive", {"error": exc.reason}
         if response.status in rc.done:

@@ -9,6 +9,13 @@ How a failure is classified is decided here and only here:
   time. The request never left, so the key may be released and the work run again.
 - OutcomeLost: the deadline passed, or the connection broke or spoke nonsense, after
   the request may have been sent. The upstream may have done the work: never resend.
+  That includes an answer cut off after its status line (a streaming endpoint sends
+  "200" before its work is done), and a body that never ends or outgrows
+  `max_response_body`: the status received is kept on the error, for the record.
+
+The client itself never resends either: aiohttp retries a GET, PUT or DELETE once when
+the connection breaks before the answer's headers, which for the gateway would be a
+blind resend of a request the upstream may have run. That retry is switched off.
 """
 
 from __future__ import annotations
@@ -111,6 +118,14 @@ class Upstream:
             timeout=aiohttp.ClientTimeout(total=None),
             cookie_jar=aiohttp.DummyCookieJar(),
         )
+        # aiohttp's only switch for its resend-once of idempotent methods (RFC 9112
+        # 9.3.1) is this attribute; its own test client sets it the same way.
+        if not hasattr(self._session, "_retry_connection"):
+            raise RuntimeError(
+                f"aiohttp {aiohttp.__version__} cannot turn off its request retry; "
+                "the gateway needs aiohttp >= 3.11"
+            )
+        self._session._retry_connection = False
 
     async def close(self) -> None:
         if self._session is not None:
@@ -124,8 +139,10 @@ class Upstream:
         headers: list[tuple[str, str]],
         body: bytes,
         deadline: float,
+        max_body: int,
     ) -> UpstreamResponse:
-        """Send one request and read the whole response within `deadline` seconds.
+        """Send one request and read the whole response, at most `max_body` bytes of
+        body, within `deadline` seconds.
 
         Raises NotSent or OutcomeLost (see the module docstring); never anything else
         for a network or protocol failure.
@@ -139,6 +156,7 @@ class Upstream:
             timeout = self._timeouts[deadline] = aiohttp.ClientTimeout(
                 total=None, connect=deadline * 0.9
             )
+        status: int | None = None  # once the status line is in, the work ran or runs
         try:
             async with asyncio.timeout(deadline):
                 async with self._session.request(
@@ -149,7 +167,8 @@ class Upstream:
                     timeout=timeout,
                     allow_redirects=False,
                 ) as resp:
-                    payload = await resp.read()
+                    status = resp.status
+                    payload = await _read_body(resp, max_body)
                     return UpstreamResponse(
                         resp.status, response_headers(resp.raw_headers), payload
                     )
@@ -158,6 +177,45 @@ class Upstream:
         except aiohttp.ClientConnectorError as exc:
             raise NotSent(f"could not connect: {exc.os_error}") from exc
         except TimeoutError as exc:
-            raise OutcomeLost(f"no complete answer within {deadline:g}s") from exc
+            raise OutcomeLost(
+                f"no complete answer within {deadline:g}s{_after(status)}", status
+            ) from exc
+        except aiohttp.ServerDisconnectedError as exc:
+            # Its message is the half-read response head, if one arrived.
+            status = status or getattr(exc.message, "code", None)
+            reason = f"the upstream closed the connection{_after(status)}"
+            raise OutcomeLost(reason, status) from exc
+        except BodyTooLarge as exc:
+            reason = f"the upstream answered {status} with a body {exc}; reading stopped"
+            raise OutcomeLost(reason, status) from exc
+        except aiohttp.ClientPayloadError as exc:
+            raise OutcomeLost(f"the body was cut off{_after(status)}: {exc}", status) from exc
         except (aiohttp.ClientError, OSError) as exc:
-            raise OutcomeLost(f"connection broke: {type(exc).__name__}: {exc}") from exc
+            raise OutcomeLost(
+                f"connection broke{_after(status)}: {type(exc).__name__}: {exc}", status
+            ) from exc
+
+
+class BodyTooLarge(Exception):
+    """The body passed the route's `max_response_body`: the gateway stopped reading."""
+
+
+async def _read_body(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    length = resp.content_length
+    if length is not None and length <= limit:
+        return await resp.read()
+    # Chunked, until-close, or announced too large: read no more than the limit, so a
+    # body that never ends costs a deadline, not the process's memory.
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            resp.close()  # drop the connection: the rest is never read
+            raise BodyTooLarge(f"larger than max_response_body ({limit} bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _after(status: int | None) -> str:
+    return f" after it answered {status}" if status is not None else ""

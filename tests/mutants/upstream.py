@@ -1,0 +1,108 @@
+"""Broken builds for upstream faults and clock skew (tests/test_upstream_faults.py,
+tests/test_clock.py)."""
+
+from tests.mutants import Mutant
+
+FAULTS = "tests/test_upstream_faults.py"
+CLOCK = "tests/test_clock.py"
+
+MUTANTS = [
+    Mutant(
+        name="aiohttp-resends-idempotent-methods",
+        path="gateway/upstream.py",
+        old="        self._session._retry_connection = False\n",
+        new="",
+        tests=(
+            f"{FAULTS}::test_broken_answer_is_never_resent[reset-PUT]",
+            f"{FAULTS}::test_broken_answer_is_never_resent[half_headers-PUT]",
+        ),
+        breaks="a PUT whose connection broke after it was sent is resent by the client",
+    ),
+    Mutant(
+        name="mid-body-reset-not-sent",
+        path="gateway/upstream.py",
+        old='raise OutcomeLost(f"the body was cut off{_after(status)}: {exc}", status) from exc',
+        new='raise NotSent(f"the body was cut off: {exc}") from exc',
+        tests=(f"{FAULTS}::test_broken_answer_is_never_resent[reset_mid_body-POST]",),
+        breaks="a body cut off by RST counts as never sent: the key is released and rerun",
+    ),
+    Mutant(
+        name="cut-off-body-complete",
+        path="gateway/upstream.py",
+        old='raise OutcomeLost(f"the body was cut off{_after(status)}: {exc}", status) from exc',
+        new="return UpstreamResponse(status or 200, (), b'')",
+        tests=(f"{FAULTS}::test_broken_answer_is_never_resent[close_mid_body-POST]",),
+        breaks="a response whose body was cut off is stored and replayed as complete",
+    ),
+    Mutant(
+        name="half-sent-response-complete",
+        path="gateway/upstream.py",
+        old='            reason = f"the upstream closed the connection{_after(status)}"\n',
+        new=(
+            "            if status is not None:\n"
+            "                return UpstreamResponse(status, (), b'')\n"
+            '            reason = f"the upstream closed the connection{_after(status)}"\n'
+        ),
+        tests=(f"{FAULTS}::test_broken_answer_is_never_resent[half_headers-POST]",),
+        breaks="a status line without its headers or body is taken for a complete answer",
+    ),
+    Mutant(
+        name="timeout-not-sent",
+        path="gateway/upstream.py",
+        old=(
+            "            raise OutcomeLost(\n"
+            '                f"no complete answer within {deadline:g}s{_after(status)}", status\n'
+            "            ) from exc\n"
+        ),
+        new='            raise NotSent(f"no complete answer within {deadline:g}s") from exc\n',
+        tests=(f"{FAULTS}::test_slow_upstream_past_timeout_is_parked_never_resent",),
+        breaks="a request past its deadline counts as never sent: the repeat runs it again",
+    ),
+    Mutant(
+        name="refused-unknown",
+        path="gateway/upstream.py",
+        old='raise NotSent(f"could not connect: {exc.os_error}") from exc',
+        new='raise OutcomeLost(f"could not connect: {exc.os_error}") from exc',
+        tests=(f"{FAULTS}::test_connection_refused_releases_and_the_retry_runs_once",),
+        breaks="a refused connection parks the key although nothing was sent",
+    ),
+    Mutant(
+        name="no-response-body-cap",
+        path="gateway/upstream.py",
+        old="        if size > limit:\n",
+        new="        if False:\n",
+        tests=(f"{FAULTS}::test_endless_flood_and_oversized_bodies_stop_at_max_response_body",),
+        breaks="a never-ending body is read into memory until the deadline",
+    ),
+    Mutant(
+        name="lost-answer-released",
+        path="gateway/engine.py",
+        old="                await self._unknown(route, ref, run_id, exc.reason)\n",
+        new="                await self._release(route, ref, run_id, exc.reason)\n",
+        tests=(f"{FAULTS}::test_broken_answer_is_never_resent[reset-POST]",),
+        breaks="a key whose answer was lost is freed, so the repeat resends it blind",
+    ),
+    Mutant(
+        name="5xx-cached",
+        path="gateway/engine.py",
+        old="            if response.status not in route.cache_statuses:\n",
+        new="            if response.status >= 600:\n",
+        tests=(f"{FAULTS}::test_5xx_storm_releases_and_retries_one_at_a_time",),
+        breaks="a 500/503 is stored and replayed: the key is never retried",
+    ),
+    Mutant(
+        name="lease-deadline-from-local-clock",
+        path="gateway/store/redis.py",
+        old="args = (run_id, fingerprint, _ms(lease), ref.route, ref.key, expired)",
+        # The lease ends at the gateway's time.time() + lease, re-based on Redis's clock.
+        new=(
+            "args = (run_id, fingerprint, _ms(lease) + int(__import__('time').time() * 1000)"
+            " - int(__import__('time').clock_gettime(0) * 1000), ref.route, ref.key, expired)"
+        ),
+        tests=(
+            f"{CLOCK}::test_skewed_gateways_keep_each_others_healthy_leases",
+            f"{CLOCK}::test_killed_gateways_lease_runs_out_on_redis_time",
+        ),
+        breaks="a skewed gateway's leases end minutes early (healthy keys parked) or late",
+    ),
+]
