@@ -60,6 +60,9 @@ class _Protocol(asyncio.Protocol):
         self.pending: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
         self.transport: asyncio.Transport | None = None
         self.lost: BaseException | None = None
+        #: Commands sent in this loop iteration, written together at its end: one
+        #: write (and one wake-up of Redis) for a burst of requests instead of one each.
+        self.outgoing: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports quack like asyncio.Transport without subclassing it.
@@ -99,9 +102,16 @@ class _Protocol(asyncio.Protocol):
         if self.lost is not None or self.transport is None:
             raise self.lost or RespConnectionError("not connected to redis")
         waiter = self.loop.create_future()
-        self.transport.write(hiredis.pack_command(args))
+        if not self.outgoing:
+            self.loop.call_soon(self.flush)
+        self.outgoing.append(hiredis.pack_command(args))
         self.pending.append((waiter, self.loop.time()))
         return waiter
+
+    def flush(self) -> None:
+        outgoing, self.outgoing = self.outgoing, []
+        if self.lost is None and self.transport is not None:
+            self.transport.write(b"".join(outgoing))
 
     def abort(self, error: BaseException) -> None:
         if self.lost is None:

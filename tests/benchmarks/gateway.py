@@ -770,12 +770,13 @@ def profile(bench: Bench, seconds: float) -> dict[str, Any]:
     raw = bench.work_dir / "profile.txt"
     with bench.serving(c, "profile") as (port, proc):
         bench.redis.clients[0].flushdb()
-        bench.wrk.run(port, 2, "unique")
+        workload = bench.args.profile_workload
+        bench.wrk.run(port, 2, workload)
         argv = [pyspy, "record", "--pid", str(proc.pid), "--duration", str(int(seconds))]
         argv += ["--rate", "250", "--nonblocking", "--format", "raw", "--output", str(raw)]
         spy = bench.procs.start("py-spy", argv)
         time.sleep(0.5)
-        result = bench.wrk.run(port, seconds + 1, "unique")
+        result = bench.wrk.run(port, seconds + 1, workload)
         try:
             spy.wait(timeout=seconds + 30)
         finally:
@@ -1015,6 +1016,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--access-log", choices=("on", "off"), default="on", help="the gateway's access log"
     )
     parser.add_argument("--py-spy", default=DEFAULT_PYSPY, help="py-spy binary for the profile")
+    parser.add_argument(
+        "--profile-workload", default="unique", choices=WORKLOADS, help="workload to profile"
+    )
     parser.add_argument("--no-monitor", action="store_true", help="commandstats only")
     parser.add_argument("--no-nginx", action="store_true", help="act as if nginx was absent")
     parser.add_argument(
