@@ -1002,6 +1002,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--server-cpu", type=int, default=0, help="CPU of the server side")
     parser.add_argument("--load-cpu", type=int, default=1, help="CPU of wrk")
+    parser.add_argument(
+        "--layout",
+        choices=("pinned", "shared"),
+        default="pinned",
+        help="pinned: server side on --server-cpu, wrk on --load-cpu; shared: nothing "
+        "pinned, every process shares the cores (the setting for --workers figures)",
+    )
     parser.add_argument("--only", default="", help="comma-separated contenders (default: all)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument(
@@ -1031,6 +1038,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke run: short and small")
     parser.add_argument("--json", dest="json_out", default=None, help="write all results here")
     args = parser.parse_args(argv)
+    if args.layout == "shared":
+        args.server_cpu = args.load_cpu = None
     if args.quick:
         args.duration, args.runs, args.warmup = 2.0, 1, 0.5
         args.preload = min(args.preload, 20_000)
@@ -1088,10 +1097,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for c in selected
     )
     estimate = per_run * args.runs + (90 if extras_wanted else 0)
+    placement = (
+        "and every server unpinned (layout shared)"
+        if args.layout == "shared"
+        else f"on cpu {args.load_cpu}, server side on cpu {args.server_cpu}"
+    )
     print(
         f"# {len(selected)} contenders x {len(workloads)} workloads x {args.runs} runs "
         f"+ extras {extras_wanted or 'none'}, ~{estimate / 60:.1f} min; wrk -t1 "
-        f"-c{args.connections} on cpu {args.load_cpu}; server side on cpu {args.server_cpu}; "
+        f"-c{args.connections} {placement}; "
         f"logs in {work_dir}",
         file=sys.stderr,
         flush=True,
@@ -1163,8 +1177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for d in ("starlette", "uvicorn", "uvloop", "httptools", "aiohttp", "redis")
         )
         + f"; redis-server {redis_server.version}; nginx {h.nginx_version(nginx)}; "
-        f"{os.cpu_count()} CPUs; wrk -t1 -c{args.connections} on cpu {args.load_cpu}, "
-        f"server side on cpu {args.server_cpu}; {args.runs} runs x {args.duration:g} s, "
+        f"{os.cpu_count()} CPUs; wrk -t1 -c{args.connections} {placement}; "
+        f"{args.runs} runs x {args.duration:g} s, "
         f"medians; fingerprint: {args.fingerprint}"
     )
     print(env_line)
