@@ -41,7 +41,7 @@ def _key(request: Request, body: bytes) -> str:
         return key
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return ""
     return str(doc.get("job_key", "")) if isinstance(doc, dict) else ""
 
@@ -70,6 +70,7 @@ async def job(request: Request) -> Response:
         "pid": os.getpid(),
         "method": request.method,
         "query": request.url.query,
+        "raw_path": request.scope.get("raw_path", b"").decode("latin-1"),
         "body": body.decode("utf-8", "replace"),
         "headers": {k: v for k, v in request.headers.items()},
     }
