@@ -31,7 +31,10 @@ class RawResponse:
 
 
 def parse(raw: bytes) -> RawResponse | None:
-    """One complete response at the start of `raw`, or None if it is not complete."""
+    """The first complete final response in `raw` (interim 1xx ones, such as
+    100 Continue, are skipped), or None if it is not complete yet."""
+    while raw.startswith(b"HTTP/1.1 1") and b"\r\n\r\n" in raw:
+        raw = raw.partition(b"\r\n\r\n")[2]
     head, sep, rest = raw.partition(b"\r\n\r\n")
     if not sep:
         return None

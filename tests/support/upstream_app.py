@@ -43,7 +43,9 @@ def _key(request: Request, body: bytes) -> str:
         doc = json.loads(body)
     except (ValueError, RecursionError):
         return ""
-    return str(doc.get("job_key", "")) if isinstance(doc, dict) else ""
+    key = str(doc.get("job_key", "")) if isinstance(doc, dict) else ""
+    # A lone surrogate ("\ud800" in the JSON) cannot be encoded in the answer.
+    return key.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 async def job(request: Request) -> Response:
