@@ -10,6 +10,7 @@ in-process on a real store with a real upstream.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import select
@@ -27,6 +28,7 @@ import yaml
 
 from gateway.app import Gateway
 from gateway.config import StoreConfig
+from gateway.logs import AccessWriter, Trace
 from gateway.store.redis import RedisStore
 from tests.conftest import GatewayClient, config_for, unique, upstream_count
 from tests.support.ledger import Ledger
@@ -924,3 +926,14 @@ async def test_escaping_keys_stay_in_their_namespace_on_redis(
     assert all(r.headers.get("idempotent-replayed") == "true" for r in rounds[1])
     assert runs == {k: len(places) for k in keys}
     assert [r.status_code for r in sent_bad] == [400, 400]
+
+
+def test_text_access_log_line_cannot_be_forged_by_the_path() -> None:
+    """A path with a decoded %0D%0A stays on its own access-log line."""
+    stream = io.StringIO()
+    writer = AccessWriter(stream, as_json=False)
+    writer.write(Trace("POST", "/open/a\r\n2026-01-01 00:00:00 INFO gateway.access: forged"), 200)
+    writer.flush()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1, lines
+    assert "\\r\\n" in lines[0]

@@ -144,4 +144,12 @@ MUTANTS = [
         tests=(f"{HOSTILE}::test_ambiguous_framing_is_refused_and_nothing_is_forwarded",),
         breaks="unparseable requests get uvicorn's text/plain 400, not problem+json",
     ),
+    Mutant(
+        name="log-line-forged",
+        path="gateway/logs.py",
+        old="            if not path.isprintable():",
+        new="            if False:",
+        tests=(f"{HOSTILE}::test_text_access_log_line_cannot_be_forged_by_the_path",),
+        breaks="a %0D%0A in the path writes a forged line into the text access log",
+    ),
 ]
