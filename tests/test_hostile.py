@@ -27,7 +27,8 @@ import pytest
 import yaml
 
 from gateway.app import Gateway
-from gateway.config import StoreConfig
+from gateway.config import StoreConfig, parse_config
+from gateway.errors import ConfigError
 from gateway.logs import AccessWriter, Trace
 from gateway.store.redis import RedisStore
 from tests.conftest import GatewayClient, config_for, unique, upstream_count
@@ -937,3 +938,11 @@ def test_text_access_log_line_cannot_be_forged_by_the_path() -> None:
     lines = stream.getvalue().splitlines()
     assert len(lines) == 1, lines
     assert "\\r\\n" in lines[0]
+
+
+def test_hash_key_with_a_max_length_it_cannot_meet_is_a_config_error() -> None:
+    """Otherwise every request on the route would be a 400 "key too long"."""
+    route = {"name": "a", "match": {"path": "/a"}, "upstream": "http://127.0.0.1:9"}
+    with pytest.raises(ConfigError, match=r"routes\[0\]\.key\.max_length: a hash key is 71"):
+        parse_config({"routes": [{**route, "key": {"hash": ["body"], "max_length": 70}}]}, "t.yaml")
+    parse_config({"routes": [{**route, "key": {"hash": ["body"], "max_length": 71}}]}, "t.yaml")
