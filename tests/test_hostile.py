@@ -40,6 +40,9 @@ from tests.support.servers import Process, RedisServer, free_port, gateway_proce
 PROBLEMS = "https://idempotency-gateway.dev/problems/"
 HEAD_LIMIT = 16 * 1024  # server.max_header_bytes, the default
 BODY_LIMIT = 64 * 1024  # max_request_body of the routes below
+#: Bytes a streaming test sends at most. The request never ends, so an answer at all
+#: proves the cut-off; "sent" counts what the kernel took, buffers included.
+CAP = 16 * 1024 * 1024
 
 
 @dataclass
@@ -307,7 +310,7 @@ def test_endless_header_line_is_cut_off_while_it_streams(
         sock.sendall(head(unique(), "Content-Length: 0")[:-4] + b"\r\nX-Endless: ")
         answer: RawResponse | None = None
         piece = b"a" * 16384
-        while sent < 8 * 1024 * 1024:
+        while sent < CAP:
             try:
                 sock.sendall(piece)
             except (BrokenPipeError, ConnectionResetError):
@@ -325,7 +328,6 @@ def test_endless_header_line_is_cut_off_while_it_streams(
     )
     assert answer.status == 431, answer.raw[:300]
     assert answer.problem()["type"] == PROBLEMS + "headers-too-large"
-    assert sent < 8 * 1024 * 1024
     raw_gateway.alive()
 
 
@@ -356,7 +358,7 @@ def test_chunked_body_growing_past_the_limit_is_cut_off_while_streaming(
     sent = 0
     with connect(raw_gateway.port) as sock:
         sock.sendall(head(key, "Transfer-Encoding: chunked"))
-        while sent < 64 * BODY_LIMIT:  # never sends the last chunk
+        while sent < CAP:  # never sends the last chunk
             try:
                 sock.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
             except (BrokenPipeError, ConnectionResetError):
@@ -375,7 +377,6 @@ def test_chunked_body_growing_past_the_limit_is_cut_off_while_streaming(
     )
     assert answer.status == 413, answer.raw[:300]
     assert answer.problem()["type"] == PROBLEMS + "payload-too-large"
-    assert sent < 64 * BODY_LIMIT
     assert raw_gateway.count(key) == 0
 
 
