@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import replace
+from urllib.parse import quote, unquote_to_bytes
 
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.config import Config
 from gateway.engine import Engine, Origin, Reply
 from gateway.errors import (
-    BadRequest,
     GatewayError,
     HeadersTooLarge,
+    MalformedRequest,
     NoRoute,
     PayloadTooLarge,
     ProblemError,
@@ -35,6 +37,9 @@ from gateway.store.base import Store
 from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway")
+
+#: C0 controls but HTAB, and DEL: not allowed in a field value (RFC 9110 5.5).
+_FORBIDDEN_IN_HEADER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 class Gateway:
@@ -138,6 +143,7 @@ class ProxyApp:
         trace = Trace(scope["method"], scope["path"])
         current_trace.set(trace)
         try:
+            _check_path(scope)
             match = gateway.router.match(scope["method"], scope["path"])
             if match is None:
                 raise NoRoute(f"No route for {scope['method']} {scope['path']}.")
@@ -147,7 +153,7 @@ class ProxyApp:
             body = await _read_body(receive, headers, route.max_request_body)
             parts = RequestParts(
                 method=scope["method"],
-                path=scope["path"],
+                path=_raw_path(scope),
                 query=scope["query_string"].decode("latin-1"),
                 headers=headers,
                 body=body,
@@ -213,16 +219,58 @@ def _headers(scope: Scope, limit: int) -> list[tuple[str, str]]:
         out.append((name.decode("latin-1").lower(), value.decode("latin-1")))
     if size > limit:
         raise HeadersTooLarge(f"The request headers are {size} bytes; the limit is {limit}.")
+    for header, text in out:
+        # httptools refuses these already; another ASGI server might not, and the
+        # upstream client would fail on them after the key was claimed.
+        if _FORBIDDEN_IN_HEADER.search(text):
+            raise MalformedRequest(f"The {header} header contains control characters.")
     return out
 
 
+def _check_path(scope: Scope) -> None:
+    """Refuse a path whose percent-escapes are not UTF-8. The server decodes them with
+    U+FFFD for each bad byte, so /jobs/%FF and /jobs/%FE would match as one path and
+    give a `{path.<param>}` key the same value."""
+    raw: bytes | None = scope.get("raw_path")
+    if raw is not None and "\ufffd" in scope["path"]:
+        try:
+            unquote_to_bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedRequest("The path is not valid UTF-8 once percent-decoded.") from None
+
+
+def _raw_path(scope: Scope) -> str:
+    """The path as the caller sent it, still percent-encoded: what is forwarded and
+    what keys and fingerprints see. Decoding it would turn %3F into a query, %0D%0A
+    into a line break in the upstream request, and %2F into a path separator that
+    makes two different upstream requests look like one."""
+    raw: bytes | None = scope.get("raw_path")
+    if raw is None:
+        return quote(scope["path"], safe="/%:@!$&'()*+,;=~")
+    return raw.decode("latin-1")
+
+
 async def _read_body(receive: Receive, headers: list[tuple[str, str]], limit: int) -> bytes:
+    codings = [
+        token.strip().lower()
+        for name, value in headers
+        if name == "transfer-encoding"
+        for token in value.split(",")
+    ]
+    if codings and codings != ["chunked"]:
+        # The body would reach the upstream still coded, its coding header dropped.
+        raise MalformedRequest(
+            "The gateway accepts Transfer-Encoding: chunked only, once; "
+            f"this request has {', '.join(codings)}."
+        )
     declared = [v for n, v in headers if n == "content-length"]
     if declared:
         if len(set(declared)) > 1 or not declared[0].strip().isdigit():
-            raise BadRequest("The Content-Length header is not a single whole number.")
-        if any(n == "transfer-encoding" for n, _ in headers):
-            raise BadRequest("Content-Length and Transfer-Encoding must not be sent together.")
+            raise MalformedRequest("The Content-Length header is not a single whole number.")
+        if codings:
+            raise MalformedRequest(
+                "Content-Length and Transfer-Encoding must not be sent together."
+            )
         if int(declared[0]) > limit:
             raise PayloadTooLarge(f"The body is {declared[0]} bytes; this route accepts {limit}.")
     chunks: list[bytes] = []
@@ -230,7 +278,10 @@ async def _read_body(receive: Receive, headers: list[tuple[str, str]], limit: in
     while True:
         message: Message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            # A body cut short is not the request the caller meant: never forward it.
+            raise MalformedRequest(
+                "The client disconnected before the body was complete; nothing was forwarded."
+            )
         chunk: bytes = message.get("body", b"")
         size += len(chunk)
         if size > limit:

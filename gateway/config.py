@@ -102,6 +102,10 @@ class KeySource:
     compiled: Any = None
 
 
+#: len("sha256:" + 64 hex digits): the key a `hash` source makes.
+HASH_KEY_LENGTH = 71
+
+
 @dataclass(frozen=True, slots=True)
 class KeySpec:
     sources: tuple[KeySource, ...]  # first one present wins
@@ -805,6 +809,14 @@ def _key(value: object, path: str, issues: Issues) -> Any:
     if "max_length" in raw:
         length = issues.integer(raw["max_length"], f"{path}.max_length", 1, 4096)
         kwargs["max_length"] = INVALID if length is None else length
+        hashed = any(isinstance(s, KeySource) and s.kind == "hash" for s in sources)
+        if length is not None and hashed and length < HASH_KEY_LENGTH:
+            # Every request would be refused as "key too long".
+            issues.add(
+                f"{path}.max_length",
+                f"a hash key is {HASH_KEY_LENGTH} characters (sha256:<hex>); "
+                f"set max_length to at least {HASH_KEY_LENGTH} or leave it out",
+            )
     if "scope" in raw:
         items = issues.items_of(raw["scope"], f"{path}.scope", "[header.Authorization]")
         scope = (

@@ -8,9 +8,12 @@
     │   └── OutcomeLost        it was sent and the answer was lost: never resend blind
     └── ProblemError           answered to a caller as RFC 9457 problem+json
         ├── BadRequest         400: the request cannot be keyed (malformed body, bad key)
+        │   └── MalformedRequest 400: not valid HTTP/1.1 or its framing is ambiguous
         ├── MissingKey         400: the route needs a key and the request has none
         ├── NoRoute            404: no route matches
         ├── PayloadTooLarge    413
+        ├── UriTooLong         414: the request target is over server.max_header_bytes
+        ├── HeadersTooLarge    431
         ├── KeyConflict        409: the first request with the key is in flight
         │   └── OutcomePending 409: its outcome is unknown (unresolved, parked, claimed)
         ├── FingerprintMismatch 422: same key, different request
@@ -130,6 +133,11 @@ class BadRequest(ProblemError):
     title = "The request cannot be keyed"
 
 
+class MalformedRequest(BadRequest):
+    slug = "malformed-request"
+    title = "The request is not valid HTTP; it was not forwarded"
+
+
 class MissingKey(ProblemError):
     status = 400
     slug = "missing-key"
@@ -146,6 +154,12 @@ class PayloadTooLarge(ProblemError):
     status = 413
     slug = "payload-too-large"
     title = "The request body is larger than this route accepts"
+
+
+class UriTooLong(ProblemError):
+    status = 414
+    slug = "uri-too-long"
+    title = "The request target is longer than the gateway accepts"
 
 
 class HeadersTooLarge(ProblemError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ MAX_JSON_DEPTH = 64
 _UNPARSED: Any = object()
 # Unicode category Cc is exactly C0, DEL and C1.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _SF_STRING = re.compile(r'"((?:[^"\\]|\\["\\])*)"')
 _SF_ESCAPE = re.compile(r'\\(["\\])')
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -75,8 +77,11 @@ class RequestParts:
         return ", ".join(values) if values else None
 
     def query_value(self, name: str) -> str | None:
+        """The first value of a query parameter, percent-decoded as UTF-8. Bytes that
+        are not UTF-8 stay distinct (as lone surrogates, see `_text`), never U+FFFD:
+        `?k=%FF` and `?k=%FE` must not become the same key."""
         if self._query is None:
-            self._query = parse_qs(self.query, keep_blank_values=True)
+            self._query = parse_qs(self.query, keep_blank_values=True, errors="surrogateescape")
         values = self._query.get(name)
         return values[0] if values else None
 
@@ -134,6 +139,9 @@ def _no_constant(name: str) -> Any:
 def _scalar_text(value: Any, what: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
+    if isinstance(value, float) and not math.isfinite(value):
+        # 1e999 and 2e999 both parse to inf: they must not share the key "Infinity".
+        raise BadRequest(f"{what} selects a number too large for a key")
     if isinstance(value, bool | int | float):
         return json.dumps(value)
     raise BadRequest(f"{what} selects an object or array; select a string or number")
@@ -205,6 +213,7 @@ def _render(spec: KeySpec, source: KeySource, parts: RequestParts, now: datetime
             value = parts.params.get(piece.arg) if piece.arg else parts.path
         elif piece.kind == "header":
             value = parts.header(piece.arg)
+            value = None if value is None else _header_text(value)
         elif piece.kind == "query":
             value = parts.query_value(piece.arg)
         else:
@@ -223,7 +232,9 @@ def _header_key(source: KeySource, parts: RequestParts) -> str | None:
         raise BadRequest(f"the {source.name} header was sent {len(values)} times; send it once")
     if not values:
         return None
-    value = values[0].strip()
+    # Only HTTP's own whitespace: str.strip() would also drop U+00A0, U+0085 and
+    # U+2028, and give "k\u00a0" the record of "k".
+    value = _header_text(values[0]).strip(" \t")
     if not value.startswith('"'):
         return value
     # The Idempotency-Key draft makes the value a structured-field string, so
@@ -234,6 +245,18 @@ def _header_key(source: KeySource, parts: RequestParts) -> str | None:
             f'the {source.name} header is not a valid quoted string; escape only \\" and \\\\'
         )
     return _SF_ESCAPE.sub(r"\1", m.group(1))
+
+
+def _header_text(value: str) -> str:
+    """A header value (decoded latin-1 by the server, byte for byte) as UTF-8 text;
+    bytes that are not UTF-8 become lone surrogates, which extract_key refuses."""
+    if value.isascii():
+        return value
+    try:
+        raw = value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value  # already text: built in-process, not read off the wire
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def _source_value(
@@ -264,6 +287,10 @@ def extract_key(spec: KeySpec, parts: RequestParts, now: datetime) -> str | None
                 f"the idempotency key is {len(key)} characters; "
                 f"this route accepts at most {spec.max_length}"
             )
+        if _SURROGATE.search(key):
+            # Bytes that were not UTF-8 (header, query) or a lone \ud800 escape (JSON):
+            # not text, and not storable as a key.
+            raise BadRequest("the idempotency key is not valid UTF-8 text")
         if _CONTROL.search(key):
             raise BadRequest("the idempotency key contains control characters")
         return key
@@ -319,7 +346,7 @@ def _part_bytes(name: str, parts: RequestParts) -> bytes | None:
         return None if value is None else value.encode()
     if kind == "query" and arg:
         value = parts.query_value(arg)
-        return None if value is None else value.encode()
+        return None if value is None else value.encode("utf-8", "surrogateescape")
     raise ValueError(f"unknown request part {name!r}")
 
 

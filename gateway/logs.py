@@ -83,7 +83,11 @@ class AccessWriter:
                 if value
             )  # fmt: skip
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            line = f"{stamp} INFO gateway.access: {trace.method} {trace.path} {status} {details}"
+            path = trace.path
+            if not path.isprintable():
+                # A decoded %0D%0A in the path must not start a forged log line.
+                path = path.encode("unicode_escape").decode("ascii")
+            line = f"{stamp} INFO gateway.access: {trace.method} {path} {status} {details}"
         self.lines.append(line)
         if len(self.lines) >= 512:
             self.flush()

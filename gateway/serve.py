@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import uvicorn
@@ -39,6 +39,7 @@ from gateway.admin import create_admin_app
 from gateway.app import Gateway, ProxyApp
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
+from gateway.framing import protocol_for
 from gateway.logs import flush_access_log
 
 log = logging.getLogger("gateway")
@@ -56,10 +57,19 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def uvicorn_server(app: Any, listen: str, *, grace: float = 5.0) -> uvicorn.Server:
+def uvicorn_server(
+    app: Any,
+    listen: str,
+    *,
+    grace: float = 5.0,
+    head_limit: Callable[[], int] | None = None,
+) -> uvicorn.Server:
+    """A uvicorn server for one listener; with `head_limit`, the gateway's own parser
+    (gateway/framing.py): problem+json refusals and a bounded request head."""
     host, port = split_listen(listen)
     config = uvicorn.Config(
         app,
+        http=protocol_for(head_limit) if head_limit is not None else "auto",
         host=host,
         port=port,
         lifespan="off",
@@ -92,7 +102,12 @@ async def serve(
     gateway = Gateway(config)
     await gateway.start()
     grace = config.server.shutdown_grace
-    proxy = uvicorn_server(ProxyApp(gateway, lifespan=False), config.server.listen, grace=grace + 5)
+    proxy = uvicorn_server(
+        ProxyApp(gateway, lifespan=False),
+        config.server.listen,
+        grace=grace + 5,
+        head_limit=lambda: gateway.config.server.max_header_bytes,
+    )
     admin = uvicorn_server(create_admin_app(gateway), config.admin.listen)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -313,16 +313,29 @@ def test_first_present_source_wins() -> None:
     assert key(spec(header("A"), query("b")), req()) is None
 
 
+def wire(text: str) -> str:
+    """A header value as the server hands it over: UTF-8 bytes decoded as latin-1."""
+    return text.encode().decode("latin-1")
+
+
 def test_key_length_limit_counts_characters() -> None:
     s = spec(header("K"), max_length=5)
-    assert key(s, req(headers=[("k", "ééééé")])) == "ééééé"
+    assert key(s, req(headers=[("k", wire("ééééé"))])) == "ééééé"
     with pytest.raises(BadRequest, match="6 characters; this route accepts at most 5"):
         key(s, req(headers=[("k", "abcdef")]))
 
 
-@pytest.mark.parametrize("raw", ["a\x00b", "a\tb", "a\x7fb", "a\x85b", '"a\x01"'])
+@pytest.mark.parametrize("raw", ["a\x00b", "a\tb", "a\x7fb", wire("a\x85b"), '"a\x01"'])
 def test_control_characters_are_refused(raw: str) -> None:
     with pytest.raises(BadRequest, match="control characters"):
+        key(header("K"), req(headers=[("k", raw)]))
+
+
+@pytest.mark.parametrize("raw", ["a\xffb", "\xe9\xe9", "a\x85b"])
+def test_header_bytes_that_are_not_utf8_are_refused(raw: str) -> None:
+    # Read as latin-1 they would be valid text, and a UTF-8 key like "…" would
+    # instead read as control characters.
+    with pytest.raises(BadRequest, match="not valid UTF-8"):
         key(header("K"), req(headers=[("k", raw)]))
 
 

@@ -44,9 +44,11 @@ def _key(request: Request, body: bytes) -> str:
         return key
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return ""
-    return str(doc.get("job_key", "")) if isinstance(doc, dict) else ""
+    key = str(doc.get("job_key", "")) if isinstance(doc, dict) else ""
+    # A lone surrogate ("\ud800" in the JSON) cannot be encoded in the answer.
+    return key.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 async def job(request: Request) -> Response:
@@ -74,6 +76,7 @@ async def job(request: Request) -> Response:
         "pid": os.getpid(),
         "method": request.method,
         "query": request.url.query,
+        "raw_path": request.scope.get("raw_path", b"").decode("latin-1"),
         "body": body.decode("utf-8", "replace"),
         "headers": {k: v for k, v in request.headers.items()},
     }
