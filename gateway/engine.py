@@ -206,6 +206,11 @@ class Engine:
                 remaining = self._wait_budget(route, ref, give_up)
                 waited = True
                 await self.store.wait(ref, changed, remaining)
+                if changed.completed is not None:
+                    # The completion came with its response: replay it, no re-read.
+                    completed_fp, response = changed.completed
+                    self._check_fingerprint(route, ref, completed_fp, fp)
+                    return self._replay(route, response, "waited")
         return await self._first(route, ref, run_id, fp, parts, origin)
 
     def _wait_budget(self, route: Route, ref: KeyRef, give_up: float) -> float:

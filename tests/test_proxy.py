@@ -529,6 +529,53 @@ async def test_waiting_duplicate_does_not_poll_redis(
     assert not [r for r in caplog.records if "notifications lost" in r.getMessage()]
 
 
+@pytest.mark.parametrize("store_kind", ALL_STORES[1:])
+async def test_waiting_duplicate_costs_one_round_trip(
+    gateway_for: Build, upstream: Process, store_kind: str, request: pytest.FixtureRequest
+) -> None:
+    """The completion's notice carries the response: a duplicate waiting in another
+    gateway replays it from there, so the pair costs 3 scripts (claim, claim, complete),
+    not 4 (a re-read after the wake-up)."""
+    if store_kind == "cluster":
+        ports = [node.port for node in request.getfixturevalue("redis_cluster").nodes]
+    else:
+        ports = [request.getfixturevalue("redis_server").port]
+    a = await gateway_for([route()])
+    b = await gateway_for([route()])
+    b.gateway.store.fallback_wait = (60.0, 60.0)  # only the notification may wake it
+    for gateway in (a.gateway, b.gateway):
+        # A claim made before the subscribers are up is woken when they come up, and
+        # reads again: right, but not the round trip this test counts.
+        await asyncio.wait_for(gateway.store.subscribed.wait(), 30)  # type: ignore[attr-defined]
+    await _load_scripts(ports)  # a first NOSCRIPT would count twice
+    key = unique()
+    body = {"job_key": key}
+    before = await _script_calls(ports)
+    first = asyncio.create_task(a.post("/jobs/send-reminder", json=body, params={"sleep": "1"}))
+    while await _script_calls(ports) == before:  # a has claimed
+        await asyncio.sleep(0.02)
+    second = await b.post("/jobs/send-reminder", json=body, params={"sleep": "1"})
+    assert (await first).status_code == 200
+    assert second.headers["idempotent-replayed"] == "true"
+    assert second.content == (await first).content
+    assert await _script_calls(ports) - before == 3
+    assert await upstream_count(upstream, key) == 1
+
+
+async def _load_scripts(ports: list[int]) -> None:
+    import redis.asyncio as aioredis
+
+    from gateway.store.redis import _script_source
+
+    for port in ports:
+        client = aioredis.Redis(host="127.0.0.1", port=port)
+        try:
+            for name in ("claim", "complete"):
+                await client.script_load(_script_source(name))
+        finally:
+            await client.aclose()
+
+
 async def _script_calls(ports: list[int]) -> int:
     import redis.asyncio as aioredis
 

@@ -71,6 +71,9 @@ class Store(abc.ABC):
     keys). A record whose response cannot be read is returned with `response`
     None and `unreadable` saying why; it is never changed or deleted for it."""
 
+    #: Seconds (low, high) a waiter sleeps before it re-reads without a notification.
+    fallback_wait = (0.5, 1.0)
+
     def __init__(self, codec: ResponseCodec = PLAIN) -> None:
         self.notifier = Notifier()
         self.codec = codec
@@ -218,19 +221,28 @@ class Store(abc.ABC):
             for (route, state), ages in sorted(groups.items())
         ]
 
-    async def wait(self, ref: KeyRef, watch: asyncio.Event, timeout: float) -> None:
+    async def wait(self, ref: KeyRef, watch: Watch, timeout: float) -> None:
         """Wait until `watch` (from `notifier.watch`) fires or a jittered fallback
         delay passes, whichever is first, never longer than `timeout`.
 
         Notifications are at-most-once (a reconnect drops them), so callers re-read
         after this returns; the fallback delay keeps that from becoming a tight loop.
         """
-        fallback = min(timeout, random.uniform(0.5, 1.0))
+        fallback = min(timeout, random.uniform(*self.fallback_wait))
         try:
             async with asyncio.timeout(fallback):
                 await watch.wait()
         except TimeoutError:
             pass
+
+
+class Watch(asyncio.Event):
+    """Set when the watched key changed. `completed` holds the fingerprint and
+    response of a completion that came with its notice, else None: read the record."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.completed: tuple[str, StoredResponse] | None = None
 
 
 class Notifier:
@@ -244,11 +256,11 @@ class Notifier:
     """
 
     def __init__(self) -> None:
-        self._watchers: dict[str, set[asyncio.Event]] = {}
+        self._watchers: dict[str, set[Watch]] = {}
 
     @contextmanager
-    def watch(self, digest: str) -> Iterator[asyncio.Event]:
-        event = asyncio.Event()
+    def watch(self, digest: str) -> Iterator[Watch]:
+        event = Watch()
         watchers = self._watchers.setdefault(digest, set())
         watchers.add(event)
         try:
@@ -258,8 +270,12 @@ class Notifier:
             if not watchers:
                 self._watchers.pop(digest, None)
 
-    def notify(self, digest: str) -> None:
+    def notify(self, digest: str, completed: tuple[str, StoredResponse] | None = None) -> None:
+        """Wake the key's watchers; `completed` (fingerprint, response) when the
+        change was a completion whose response came with the notice."""
         for event in self._watchers.get(digest, ()):
+            if completed is not None:
+                event.completed = completed
             event.set()
 
     def notify_all(self) -> None:

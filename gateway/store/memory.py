@@ -80,7 +80,10 @@ class MemoryStore(Store):
             self._expires[record.digest] = expires
             heapq.heappush(self._expiry_heap, (expires, record.digest))
         if notify:
-            self.notifier.notify(record.digest)
+            completed = None
+            if record.state is State.COMPLETED and record.response is not None:
+                completed = (record.fingerprint, record.response)
+            self.notifier.notify(record.digest, completed)
 
     def _keep(self, digest: str, response: StoredResponse | None) -> StoredResponse | None:
         """What a completed record holds: the response, or None when it is sealed."""

@@ -197,6 +197,8 @@ class RedisStore(Store):
         self._channels = [self._tag(b) + "c" for b in range(BUCKETS)]
         self._listener: asyncio.Task[None] | None = None
         self._closing = False
+        #: Set while the notification subscribers are up (tests wait on it).
+        self.subscribed = asyncio.Event()
         # Scripts go over one pipelined connection of our own (see resp.py), except on
         # a cluster (redis-py routes by slot) and with wait_for_replicas (WAIT blocks
         # the connection it runs on, so it needs pooled ones).
@@ -513,6 +515,7 @@ class RedisStore(Store):
                     pubsub = self.client.pubsub()
                     subscribers.append((pubsub, None))
                     await pubsub.ssubscribe(*self._channels)
+                self.subscribed.set()
                 self.notifier.notify_all()
                 delay = 0.1
                 await asyncio.gather(*(self._read(pubsub) for pubsub, _ in subscribers))
@@ -521,6 +524,7 @@ class RedisStore(Store):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
             finally:
+                self.subscribed.clear()
                 for pubsub, shard in subscribers:
                     await _bounded(pubsub.aclose(), "pub/sub")
                     if shard is not None:
@@ -530,8 +534,19 @@ class RedisStore(Store):
         while not self._closing:
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             if message is not None and message["type"] == "smessage":
-                member: bytes = message["data"]
-                self.notifier.notify(member.split(b"/", 1)[0].decode())
+                self._notice(message["data"])
+
+    def _notice(self, data: bytes) -> None:
+        """`digest/route`, then for a completion `\\n fingerprint \\n response`."""
+        member, _, notice = data.partition(b"\n")
+        digest = member.split(b"/", 1)[0].decode()
+        completed = None
+        if notice:
+            fingerprint, _, blob = notice.partition(b"\n")
+            response, _ = self.read_response(digest, blob)
+            if response is not None:  # unreadable: the waiter reads the record instead
+                completed = (fingerprint.decode(), response)
+        self.notifier.notify(digest, completed)
 
 
 async def _bounded(closing: Awaitable[Any], what: str) -> None:

@@ -38,3 +38,14 @@ MUTANTS = [
         breaks="the store connection fails under uvloop, which the gateway runs on",
     ),
 ]
+
+MUTANTS.append(
+    Mutant(
+        name="notice-without-response",
+        path="gateway/store/lua/complete.lua",
+        old="return redis.call('HGET', R, 'f') .. '\\n' .. ARGV[4]",
+        new="return ''",
+        tests=("tests/test_proxy.py::test_waiting_duplicate_costs_one_round_trip",),
+        breaks="a duplicate waiting in another gateway reads the record again (2 round trips)",
+    )
+)

@@ -25,22 +25,28 @@ end
 -- it `w` in the same atomic step, so a change is published exactly when someone
 -- may be waiting for it: most keys never have a waiter, and skipping the publish
 -- spares every replica's subscriber a message per request.
-local function notify()
-  if redis.call('HEXISTS', R, 'w') == 1 then redis.call('SPUBLISH', CHANNEL, MEMBER) end
+-- `notice` (optional, a function: it runs only when someone waits) gives text that
+-- rides along after a newline: a completion carries its fingerprint and response,
+-- so a waiter in another process replays it without reading the record again (one
+-- round trip for a waiting duplicate, not two).
+local function notify(notice)
+  if redis.call('HEXISTS', R, 'w') == 1 then
+    redis.call('SPUBLISH', CHANNEL, notice and (MEMBER .. '\n' .. notice()) or MEMBER)
+  end
 end
 
 -- Move the record to `to` (state and index), publish the change.
-local function move(from, to, now, score)
+local function move(from, to, now, score, notice)
   if INDEX[from] then redis.call('ZREM', INDEX[from], MEMBER) end
   if INDEX[to] then redis.call('ZADD', INDEX[to], score or now, MEMBER) end
   redis.call('HSET', R, 's', to, 'u', now)
-  notify()
+  notify(notice)
 end
 
 -- Completed records expire; released ones stay as tombstones (for their history)
 -- until the ttl, and the next claim takes over from them.
-local function settle(from, to, now, ttl_ms)
-  move(from, to, now)
+local function settle(from, to, now, ttl_ms, notice)
+  move(from, to, now, nil, notice)
   redis.call('HDEL', R, 'l', 'ck', 'op', 'os')
   redis.call('PEXPIRE', R, ttl_ms)
 end

@@ -11,5 +11,7 @@ if state == 'unresolved' or redis.call('HEXISTS', R, 'h') == 1 then
 end
 redis.call('HSET', R, 'resp', ARGV[4])
 redis.call('HDEL', R, 'why')
-settle(state, 'completed', now, ARGV[5])
+settle(state, 'completed', now, ARGV[5], function()
+  return redis.call('HGET', R, 'f') .. '\n' .. ARGV[4]
+end)
 return 1
