@@ -264,9 +264,15 @@ async def verdicts(setup: Setup, keys: list[tuple[str, str]]) -> list[Verdict]:
 
 
 def tally(found: list[Verdict]) -> dict[str, int]:
+    """End states, completed ones by where the response came from (the upstream's
+    answer stored, or the reconciler's check after a kill)."""
     counts: dict[str, int] = {}
     for verdict in found:
-        counts[verdict.state] = counts.get(verdict.state, 0) + 1
+        name = verdict.state
+        record = verdict.record
+        if record is not None and record.response is not None:
+            name += f" ({record.response.origin})"
+        counts[name] = counts.get(name, 0) + 1
     return dict(sorted(counts.items()))
 
 
@@ -417,7 +423,7 @@ async def test_gateway_sigkill_at_random_points_of_a_storm(
             tasks = [
                 task
                 for key in fresh + repeated
-                for task in storm(client, "charge", [key], sleep=f"{rng.uniform(0, 1.0):.3f}")
+                for task in storm(client, "charge", [key], sleep=f"{rng.uniform(0.1, 1.5):.3f}")
             ]
             sent_requests += len(tasks)
             await asyncio.sleep(rng.uniform(0, 0.8))
