@@ -30,7 +30,7 @@ from gateway.errors import (
 from gateway.keys import RequestParts
 from gateway.logs import Trace, current_trace, log_access
 from gateway.metrics import Metrics
-from gateway.reconcile import Reconciler
+from gateway.reconcile import Reconciler, stop_if_cancelled
 from gateway.routes import Router
 from gateway.store import open_store
 from gateway.store.base import Store
@@ -40,6 +40,9 @@ log = logging.getLogger("gateway")
 
 #: C0 controls but HTAB, and DEL: not allowed in a field value (RFC 9110 5.5).
 _FORBIDDEN_IN_HEADER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+#: Seconds between looks at the store's markers (see Store.check_reset).
+STORE_WATCH_INTERVAL = 1.0
 
 
 class Gateway:
@@ -62,6 +65,7 @@ class Gateway:
         self.engine.reconciler = self.reconciler
         self.sweep = sweep
         self._sweeper: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self.started = False
 
     async def start(self) -> None:
@@ -69,15 +73,42 @@ class Gateway:
         await self.upstream.start()
         if self.sweep:
             self._sweeper = asyncio.create_task(self.reconciler.run(), name="sweep")
+        self._watcher = asyncio.create_task(self._watch_store(), name="store-reset-watch")
         self.started = True
+
+    async def _watch_store(self) -> None:
+        """Notice a store that lost its records under a running gateway, and say so
+        loudly: every key completed before will run again if repeated, and keys of
+        unknown outcome are gone with nobody left to check them."""
+        while True:
+            try:
+                lost = await self.store.check_reset()
+            except StoreError:
+                lost = 0  # down: nothing to compare until it answers again
+            except Exception:
+                log.exception("store reset check failed")
+                lost = 0
+            stop_if_cancelled()
+            if lost:
+                self.metrics.store_resets.inc()
+                log.error(
+                    "STORE RESET: %d of the store's buckets lost every record (a restart "
+                    "without persistence, a flush or an eviction). Repeats of keys that "
+                    "completed before will run again, and keys whose outcome was unknown "
+                    "are forgotten: check the upstreams for work done twice. Run Redis "
+                    "with appendonly yes and appendfsync always (docs/reliability.md).",
+                    lost,
+                )
+            await asyncio.sleep(STORE_WATCH_INTERVAL)
 
     async def close(self) -> None:
         self.started = False
         # Forwards still out are settled (marked unresolved) while the store is open.
         await self.engine.drain(0)
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
+        for task in (self._sweeper, self._watcher):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self.upstream.close()
         await self.store.close()
 

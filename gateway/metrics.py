@@ -98,6 +98,12 @@ class Metrics:
             # Read from the store at scrape time by whichever worker answers.
             multiprocess_mode="mostrecent",
         )
+        self.store_resets = Counter(
+            prefix + "store_resets",
+            "Times the store was found to have lost its records (a restart without "
+            "persistence, a flush): repeats of keys done before will run again.",
+            registry=self.registry,
+        )
         self.store_up = Gauge(
             prefix + "store_up",
             "1 if the last read of the store for these metrics succeeded.",

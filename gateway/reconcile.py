@@ -150,4 +150,14 @@ class Reconciler:
                 log.warning("sweep skipped: %s", exc)
             except Exception:
                 log.exception("sweep failed")
+            stop_if_cancelled()
             await asyncio.sleep(self.interval * random.uniform(0.8, 1.2))
+
+
+def stop_if_cancelled() -> None:
+    """Raise CancelledError if this task was told to stop. A client library that
+    turns a cancellation mid-call into its own error (redis-py's pipeline can) would
+    otherwise leave a background loop running, and `Gateway.close` waiting on it."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -94,6 +94,15 @@ class Store(abc.ABC):
     async def ping(self) -> None:  # noqa: B027 - an in-process store always answers
         """Raise StoreError unless the store answers."""
 
+    async def check_reset(self) -> int:
+        """How many parts of the store lost every record since the last call (a
+        restart without persistence, a flush, an eviction), or 0. The first call
+        leaves a marker in each part, so only a loss seen by a running gateway is
+        reported: a gateway started after it cannot tell. Raises StoreError if the
+        store does not answer. An in-process store cannot lose records behind the
+        gateway's back."""
+        return 0
+
     # -- the request path -------------------------------------------------------
 
     @abc.abstractmethod

@@ -8,6 +8,8 @@ Layout, for a prefix `idem:` and a record digest `d` in bucket `b` (0..BUCKETS-1
     idem:{b}:i:parked              for parked and claimed: listings and age metrics read
     idem:{b}:i:claimed             these, never the keyspace
     idem:{b}:c               sharded pub/sub channel: a member changed
+    idem:{b}:m               a marker that never expires: if it vanishes, the bucket
+                             lost its records (see check_reset)
 
 A member is `digest/route`. Everything a script touches shares the `{b}` hash tag,
 so the scripts run unchanged on Redis Cluster, and a bucket's indexes can be read
@@ -22,6 +24,7 @@ import json
 import logging
 import secrets
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
@@ -209,6 +212,9 @@ class RedisStore(Store):
                 timeout=config.socket_timeout,
                 connect_timeout=config.connect_timeout,
             )
+        self._markers = [self._tag(b) + "m" for b in range(BUCKETS)]
+        #: each bucket's marker as last seen; None until Redis first answered
+        self._marks: list[bytes | None] | None = None
 
     def _tag(self, bucket: int) -> str:
         return f"{self.prefix}{{{bucket:02x}}}:"
@@ -294,6 +300,24 @@ class RedisStore(Store):
             await self.client.ping()
         except RedisError as exc:
             raise StoreError(f"redis unreachable: {exc}") from exc
+
+    async def check_reset(self) -> int:
+        token = f"{secrets.token_hex(8)} {time.time():.0f}".encode()
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for marker in self._markers:
+                    pipe.set(marker, token, nx=True)  # no expiry: only a loss removes it
+                    pipe.get(marker)
+                replies = await pipe.execute()
+        except RedisError as exc:
+            raise StoreError(f"redis marker check failed: {exc}") from exc
+        marks: list[bytes | None] = replies[1::2]
+        seen, self._marks = self._marks, marks
+        if seen is None:
+            return 0
+        # A marker that is gone (and set again just now), or that another gateway
+        # set again first: either way the bucket was emptied since the last look.
+        return sum(1 for before, now in zip(seen, marks, strict=True) if before != now)
 
     async def claim(
         self,

@@ -8,10 +8,13 @@ the gateway forwards, else the body's `job_key`), and behaves as the request ask
     ?size=2000000     answer with a body of that many bytes
     ?cookie=1         set a cookie
     ?gzip=1           answer with a gzip-encoded body
+    ?hold=1           hold the request (counted, not finished) until POST /_release
 
-GET /_count?key=K         how often K ran (?of=status: how often its status was asked)
+GET /_count?key=K         how often K ran (?of=status: how often its status was asked;
+                          ?of=sent: how many of its responses were sent in full)
 GET /_counts?prefix=P     every key starting with P: how often it ran, and the statuses
                           its runs answered (a run that answered 5xx was released)
+POST /_release            {"key": K}: let K's held requests (and later ones) answer
 GET /_status/{key}        the reconcile endpoint, like a real one: 202 while K runs,
                           200 once it ran, 404 if it never did; unless overridden by
 POST /_set_status         {"key": K, "status": 200 | 404 | 500, "sleep": seconds}
@@ -27,6 +30,7 @@ import sys
 from collections import Counter
 
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -36,6 +40,8 @@ finished: Counter[str] = Counter()
 status_calls: Counter[str] = Counter()
 statuses: dict[str, tuple[int, float]] = {}
 answers: dict[str, Counter[int]] = {}
+sent: Counter[str] = Counter()
+holds: dict[str, asyncio.Event] = {}
 
 
 def _key(request: Request, body: bytes) -> str:
@@ -60,6 +66,8 @@ async def job(request: Request) -> Response:
     try:
         if "sleep" in q:
             await asyncio.sleep(float(q["sleep"]))
+        if "hold" in q:
+            await holds.setdefault(key, asyncio.Event()).wait()
     finally:
         finished[key] += 1  # the work is done even if the caller is gone
     status = int(q.get("status", "200"))
@@ -84,12 +92,18 @@ async def job(request: Request) -> Response:
     if "cookie" in q:
         response.set_cookie("session", f"secret-{run}")
     response.headers["x-run"] = str(run)
+
+    def was_sent() -> None:  # runs once the whole response is written
+        sent[key] += 1
+
+    response.background = BackgroundTask(was_sent)
     return response
 
 
 async def count(request: Request) -> Response:
     key = request.query_params["key"]
-    source = status_calls if request.query_params.get("of") == "status" else counts
+    of = request.query_params.get("of")
+    source = status_calls if of == "status" else sent if of == "sent" else counts
     return JSONResponse({"count": source[key]})
 
 
@@ -110,6 +124,12 @@ async def all_counts(request: Request) -> Response:
 async def set_status(request: Request) -> Response:
     doc = await request.json()
     statuses[doc["key"]] = (int(doc["status"]), float(doc.get("sleep", 0)))
+    return JSONResponse({"ok": True})
+
+
+async def release(request: Request) -> Response:
+    doc = await request.json()
+    holds.setdefault(doc["key"], asyncio.Event()).set()
     return JSONResponse({"ok": True})
 
 
@@ -134,6 +154,7 @@ app = Starlette(
         Route("/_count", count),
         Route("/_counts", all_counts),
         Route("/_set_status", set_status, methods=["POST"]),
+        Route("/_release", release, methods=["POST"]),
         Route("/_status/{key:path}", status),
         Route("/jobs/{name}", job, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
         Route("/{rest:path}", job, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
