@@ -60,7 +60,10 @@ async def storm(
     ports: list[int], keys: list[str], copies: int = 50, **params: str
 ) -> dict[str, list[httpx.Response]]:
     """`copies` parallel copies of each key's request, spread over `ports`."""
-    limits = httpx.Limits(max_connections=200)
+    # No keep-alive: on a loaded machine a pooled connection can sit idle past the
+    # server's keep-alive timeout before its next request, and a request sent as the
+    # server closes it fails without reaching the gateway (a client-side race).
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
     async with httpx.AsyncClient(limits=limits, timeout=30) as client:
 
         async def one(i: int, key: str) -> tuple[str, httpx.Response]:
