@@ -38,6 +38,8 @@ _SF_ESCAPE = re.compile(r'\\(["\\])')
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _TEMPLATE_TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
+#: Escapes separator characters inside template part values (see `_escapes`).
+ESCAPE = "\\"
 # Schedulers often send JSON without a JSON content type, so only media types
 # that cannot hold a JSON document are refused.
 _NON_JSON_TYPES = ("application/x-www-form-urlencoded", "application/xml", "text/xml")
@@ -161,21 +163,60 @@ class _Placeholder:
 
 @lru_cache(maxsize=512)
 def parse_template(text: str) -> tuple[str | _Placeholder, ...]:
-    """Compile a key template; raise ValueError when it is malformed."""
+    """Compile a key template; raise ValueError when it is malformed.
+
+    Literal text comes out in one piece between placeholders. Two placeholders
+    need a separator between them that does not start with the escape character,
+    or no escaping could keep their values apart (see `_escapes`).
+    """
     out: list[str | _Placeholder] = []
-    pos = 0
+    literal, previous, pos = "", "", 0
     for m in _TEMPLATE_TOKEN.finditer(text):
-        out.append(text[pos : m.start()])
+        literal += text[pos : m.start()]
         pos = m.end()
         token = m.group(0)
         if token in ("{{", "}}"):
-            out.append(token[0])
-        elif m.group(1) is None:
+            literal += token[0]
+            continue
+        if m.group(1) is None:
             raise ValueError(f"template {text!r} has an unmatched {token!r}; write {token * 2}")
-        else:
-            out.append(_placeholder(m.group(1).strip(), text))
-    out.append(text[pos:])
+        inner = m.group(1).strip()
+        if previous and (not literal or literal.startswith(ESCAPE)):
+            raise ValueError(
+                f"template {text!r} needs a separator between {{{previous}}} and {{{inner}}} "
+                f"that does not start with {ESCAPE}, or two different requests could share "
+                f'a key ("ab"+"c" and "a"+"bc"); write e.g. {{{previous}}}:{{{inner}}}'
+            )
+        out += [literal, _placeholder(inner, text)]
+        literal, previous = "", inner
+    out.append(literal + text[pos:])
     return tuple(p for p in out if p != "")
+
+
+@lru_cache(maxsize=512)
+def _escapes(text: str) -> frozenset[str]:
+    """The characters escaped (with a backslash) in a template's part values.
+
+    Joined as they come, "{a}:{b}" would give "a:b"+"c" and "a"+"b:c" one key, and so
+    one record. A value's own copy of the first character of any separator between
+    two parts is escaped, and the escape character itself, so the first unescaped
+    separator character always ends a part: one key per tuple of values. Values
+    without those characters are unchanged, and a template with one part needs none.
+    """
+    pieces = parse_template(text)
+    firsts = {
+        piece[0]
+        for before, piece, after in zip(pieces, pieces[1:], pieces[2:], strict=False)
+        if isinstance(before, _Placeholder) and isinstance(piece, str)
+        if isinstance(after, _Placeholder)
+    }
+    return frozenset({ESCAPE, *firsts}) if firsts else frozenset()
+
+
+def _escape(value: str, escapes: frozenset[str]) -> str:
+    if not escapes or not any(c in escapes for c in value):
+        return value
+    return "".join(ESCAPE + c if c in escapes else c for c in value)
 
 
 def _placeholder(inner: str, text: str) -> _Placeholder:
@@ -200,6 +241,7 @@ def _need_period(spec: KeySpec) -> Period:
 
 def _render(spec: KeySpec, source: KeySource, parts: RequestParts, now: datetime) -> str | None:
     pieces: list[str] = []
+    escapes = _escapes(source.name)
     for piece in parse_template(source.name):
         value: str | None
         if isinstance(piece, str):
@@ -222,7 +264,8 @@ def _render(spec: KeySpec, source: KeySource, parts: RequestParts, now: datetime
         # A template with a hole would give unrelated requests the same key.
         if value is None or not value.strip():
             return None
-        pieces.append(value)
+        # The period is the gateway's own fixed-format text; client values are escaped.
+        pieces.append(value if piece.kind == "period" else _escape(value, escapes))
     return "".join(pieces)
 
 
