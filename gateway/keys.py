@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import date, datetime, time
+from datetime import UTC, date, datetime, time, timedelta
 from functools import lru_cache
 from typing import Any
 from urllib.parse import parse_qs
@@ -360,18 +360,53 @@ def window_start(period: Period, now: datetime) -> str:
         months -= months % period.count
         return f"{1970 + months // 12:04d}-{months % 12 + 1:02d}"
     size = period.count * (60 if period.unit == "h" else 1)
-    minutes = local.hour * 60 + local.minute
+    start = _sub_day_start(now.astimezone(UTC), zone, size)
+    return start.astimezone(zone).isoformat(timespec="minutes")
+
+
+_TICK = timedelta(microseconds=1)
+
+
+def _sub_day_start(now: datetime, zone: ZoneInfo, size: int) -> datetime:
+    """The start of the `size`-minute window holding `now` (in UTC).
+
+    Windows start where the local clock shows a multiple of `size` minutes since
+    local midnight, and where a spring-forward jump skips such a time (the window
+    then starts at the jump). Each window is the stretch up to the next start, so
+    windows never overlap or leave gaps, and the start names the window exactly.
+    A fall-back jump starts no window of its own: the clock shows earlier times
+    again, but the window under way goes on until the next aligned time.
+    """
+    offset = _offset(now, zone)
+    wall = (now + offset).replace(tzinfo=None)
+    minutes = wall.hour * 60 + wall.minute
     minutes -= minutes % size
-    wall = datetime.combine(day, time(minutes // 60, minutes % 60), zone)
-    # The floored wall time can exist twice (fall back) or not at all (spring
-    # forward). The window starts at the latest instant <= now that carries that
-    # wall time (or, in a gap, at the transition), which keeps every window one
-    # contiguous stretch of real time and makes the text (with its UTC offset)
-    # name exactly one instant.
-    now_utc = now.timestamp()
-    starts = sorted({wall.replace(fold=f).timestamp() for f in (0, 1)})
-    start = max((s for s in starts if s <= now_utc), default=starts[0])
-    return datetime.fromtimestamp(start, zone).isoformat(timespec="minutes")
+    floor = datetime.combine(wall.date(), time(minutes // 60, minutes % 60))
+    start = now - (wall - floor)
+    if _offset(start, zone) == offset:
+        return start  # no change of UTC offset in between: the usual case
+    # The offset changed between the floored time and now: find when (the last
+    # change before now), then decide from the jump.
+    before, after = start, now
+    while after - before > _TICK:
+        middle = before + (after - before) / 2
+        if _offset(middle, zone) == offset:
+            after = middle
+        else:
+            before = middle
+    change = after
+    wall_before_change = (change + _offset(before, zone)).replace(tzinfo=None)
+    if offset > _offset(before, zone) and floor >= wall_before_change:
+        return change  # spring forward skipped the aligned time: the window starts here
+    # Fall back (or the aligned time came before the jump): the window under way
+    # before the change goes on.
+    return _sub_day_start(change - _TICK, zone, size)
+
+
+def _offset(instant: datetime, zone: ZoneInfo) -> timedelta:
+    offset = instant.astimezone(zone).utcoffset()
+    assert offset is not None  # a ZoneInfo always has one
+    return offset
 
 
 def _part_bytes(name: str, parts: RequestParts) -> bytes | None:

@@ -12,20 +12,23 @@ import asyncio
 import itertools
 import json
 import string
+import zoneinfo
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, quote_plus
 
 import jmespath
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.config import KeySource, KeySpec, Period
-from gateway.errors import BadRequest
+from gateway.config import KeySource, KeySpec, Period, load_config, parse_config
+from gateway.errors import BadRequest, ConfigError
 from gateway.keys import (
     RequestParts,
     extract_key,
@@ -54,10 +57,11 @@ def profile(examples: int) -> settings:
 class Tally:
     examples: int = 0
     bad: int = 0
+    detail: str = ""
 
 
 @contextmanager
-def tallied(ledger: Ledger, test: str, detail: str = "") -> Iterator[Tally]:
+def tallied(ledger: Ledger, test: str) -> Iterator[Tally]:
     tally = Tally()
     try:
         yield tally
@@ -67,7 +71,7 @@ def tallied(ledger: Ledger, test: str, detail: str = "") -> Iterator[Tally]:
             test,
             requests=tally.examples,
             bad_inputs=tally.bad,
-            detail=detail or f"{tally.examples} examples",
+            detail=tally.detail or f"{tally.examples} examples",
         )
 
 
@@ -381,3 +385,333 @@ def test_template_keys_without_separators_in_values_are_unchanged() -> None:
 def test_templates_that_cannot_be_injective_are_refused(template: str) -> None:
     with pytest.raises(ValueError, match="separator"):
         parse_template(template)
+
+
+def test_config_refuses_templates_that_would_collide() -> None:
+    data = {
+        "routes": [
+            {
+                "name": name,
+                "match": {"path": f"/{name}"},
+                "upstream": "http://127.0.0.1:5000",
+                "key": {"template": template},
+            }
+            for name, template in [
+                ("glued", "{header.A}{query.b}"),
+                ("slash", "r:{header.A}\\x{query.b}"),
+                ("fine", "r:{header.A}:{query.b}"),
+            ]
+        ]
+    }
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, "f.yaml")
+    found = {issue.path: issue.message for issue in caught.value.issues}
+    assert set(found) == {"routes[0].key.template", "routes[1].key.template"}
+    assert (
+        "put a separator between them, e.g. {header.A}:{query.b}" in found["routes[0].key.template"]
+    )
+
+
+# -- period windows ----------------------------------------------------------------------
+
+ALL_ZONES = sorted(zoneinfo.available_timezones())
+SUB_DAY = [Period(15, "m"), Period(30, "m"), Period(1, "h"), Period(2, "h"), Period(3, "h")]
+CALENDAR = [Period(1, "d"), Period(2, "d"), Period(1, "w"), Period(1, "mo"), Period(3, "mo")]
+TICK = timedelta(microseconds=1)
+
+
+def zoned(period: Period, zone: str) -> Period:
+    return Period(period.count, period.unit, zone)
+
+
+def check_window(period: Period, t: datetime) -> str:
+    """The window holding `t` holds it, and its key names exactly where it starts."""
+    key = window_start(period, t)
+    local = t.astimezone(zoneinfo.ZoneInfo(period.timezone))
+    if period.unit in ("m", "h"):
+        start = datetime.fromisoformat(key)
+        size = timedelta(minutes=period.count * (60 if period.unit == "h" else 1))
+        assert start <= t, (period, t, key)
+        # Wall-clock floors can stretch a window by a DST shift, never more than 2 hours.
+        assert t - start < size + timedelta(hours=2), (period, t, key)
+        assert window_start(period, start) == key, (period, t, key)  # its own start is in it
+        assert window_start(period, start - TICK) != key, (period, t, key)  # and is the start
+        middle = start + (t - start) / 2
+        assert window_start(period, middle) == key, (period, t, key, middle)
+    elif period.unit == "d":
+        first = date.fromisoformat(key)
+        assert first <= local.date() < first + timedelta(days=period.count), (period, t, key)
+    elif period.unit == "w":
+        year, week, _ = local.date().isocalendar()
+        assert key == f"{year}-W{week:02d}", (period, t, key)
+    else:
+        year, month = (int(x) for x in key.split("-"))
+        months = (local.year - year) * 12 + local.month - month
+        assert 0 <= months < period.count, (period, t, key)
+    return key
+
+
+def check_sequence(period: Period, instants: list[datetime]) -> int:
+    """Along increasing instants windows never overlap: a key, once left, never comes
+    back, and keys only grow (so consecutive windows leave no gaps either)."""
+    left: set[str] = set()
+    previous = ""
+    for t in instants:
+        key = check_window(period, t)
+        if key != previous:
+            assert key not in left, (period, t, key, previous)
+            if previous:
+                if period.unit in ("m", "h"):
+                    assert datetime.fromisoformat(key) > datetime.fromisoformat(previous)
+                else:
+                    assert key > previous, (period, t, key, previous)
+                left.add(previous)
+            previous = key
+    return len(instants)
+
+
+def transitions(zone: str, start: datetime, end: datetime) -> list[datetime]:
+    """Instants (to the second) where the zone's UTC offset changes."""
+    tz = zoneinfo.ZoneInfo(zone)
+    found: list[datetime] = []
+    step = timedelta(days=2)
+    t = start
+    while t < end:
+        u = t + step
+        if t.astimezone(tz).utcoffset() != u.astimezone(tz).utcoffset():
+            lo, hi = t, u
+            while hi - lo > timedelta(seconds=1):
+                mid = lo + (hi - lo) / 2
+                mid = mid.replace(microsecond=0)
+                if mid.astimezone(tz).utcoffset() == lo.astimezone(tz).utcoffset():
+                    lo = mid
+                else:
+                    hi = mid
+            found.append(hi)
+        t = u
+    return found
+
+
+def test_windows_around_every_offset_change_of_every_zone(ledger: Ledger) -> None:
+    """Every zone in zoneinfo, every offset change (DST and others) from 2023-12 to 2028-12:
+    instants from 3 hours before to 3 hours after, every 15 minutes and one second
+    either side, for sub-day windows and days."""
+    begin, end = datetime(2023, 12, 1, tzinfo=UTC), datetime(2028, 12, 31, tzinfo=UTC)
+    changes = 0
+    with tallied(ledger, "test_windows_around_every_offset_change_of_every_zone") as tally:
+        for zone in ALL_ZONES:
+            for change in transitions(zone, begin, end):
+                changes += 1
+                instants = sorted(
+                    {change + timedelta(minutes=15 * k) for k in range(-12, 13)}
+                    | {change - timedelta(seconds=1), change + timedelta(seconds=1)}
+                )
+                for period in [*SUB_DAY, Period(1, "d")]:
+                    tally.examples += check_sequence(zoned(period, zone), instants)
+                tally.detail = f"{len(ALL_ZONES)} zones, {changes} offset changes"
+    assert changes > 500  # the sweep really found the world's DST changes
+
+
+def test_windows_at_calendar_edges_in_every_zone(ledger: Ledger) -> None:
+    """Month ends, leap days and year ends, at local midnight and just before, in every zone."""
+    edges = [
+        (2024, 2, 28), (2024, 2, 29), (2024, 3, 1), (2025, 2, 28), (2025, 3, 1),
+        (2026, 1, 31), (2026, 2, 1), (2026, 4, 30), (2026, 5, 1), (2026, 12, 31),
+        (2027, 1, 1), (2027, 1, 4), (2028, 2, 29), (2028, 12, 31), (2029, 1, 1),
+    ]  # fmt: skip
+    with tallied(ledger, "test_windows_at_calendar_edges_in_every_zone") as tally:
+        for zone in ALL_ZONES:
+            tz = zoneinfo.ZoneInfo(zone)
+            instants: set[datetime] = set()
+            for y, m, d in edges:
+                midnight = datetime(y, m, d, tzinfo=tz).astimezone(UTC)
+                instants |= {midnight - TICK, midnight, midnight + timedelta(hours=12)}
+            ordered = sorted(instants)
+            for period in CALENDAR:
+                tally.examples += check_sequence(zoned(period, zone), ordered)
+
+
+def test_windows_at_random_instants_in_random_zones(ledger: Ledger) -> None:
+    with tallied(ledger, "test_windows_at_random_instants_in_random_zones") as tally:
+
+        @profile(400)
+        @given(
+            zone=st.sampled_from(ALL_ZONES),
+            period=st.sampled_from([*SUB_DAY, *CALENDAR]),
+            t=st.datetimes(
+                min_value=datetime(1971, 1, 1),
+                max_value=datetime(2099, 12, 31),
+                timezones=st.just(UTC),
+            ),
+            later=st.timedeltas(min_value=timedelta(0), max_value=timedelta(days=3)),
+        )
+        def check(zone: str, period: Period, t: datetime, later: timedelta) -> None:
+            tally.examples += 1
+            check_sequence(zoned(period, zone), [t, t + later / 3, t + later])
+
+        check()
+
+
+def test_fall_back_by_two_hours_keeps_windows_contiguous() -> None:
+    # Regression: Antarctica/Troll falls back from +02 to +00 at 01:00 UTC. The 2h
+    # window 02:00+02 had begun at 00:00 UTC, but at 01:00 UTC (01:00+00) the key went
+    # back to the window before it, 00:00+02, which had ended an hour earlier: a job
+    # run at 22:30 UTC and one at 01:30 UTC shared a key.
+    troll = Period(2, "h", "Antarctica/Troll")
+    at = [datetime(2024, 10, 26, 22, 30, tzinfo=UTC) + timedelta(hours=h) for h in range(5)]
+    assert [window_start(troll, t) for t in at] == [
+        "2024-10-27T00:00+02:00",
+        "2024-10-27T00:00+02:00",
+        "2024-10-27T02:00+02:00",
+        "2024-10-27T02:00+02:00",  # 01:30+00: the window under way goes on
+        "2024-10-27T02:00+00:00",
+    ]
+
+
+# -- config parsing ----------------------------------------------------------------------
+
+VALID = {
+    "server": {"listen": "127.0.0.1:8080", "shutdown_grace": "30s"},
+    "admin": {"listen": "127.0.0.1:9090", "token": "t"},
+    "store": {"url": "memory://", "prefix": "idem:"},
+    "defaults": {"upstream_timeout": "30s", "cache_statuses": ["2xx", "!408"]},
+    "routes": [
+        {
+            "name": "send-reminder",
+            "match": {"methods": ["POST"], "path": "/jobs/{name}"},
+            "upstream": "http://127.0.0.1:5000",
+            "key": {"sources": [{"header": "Idempotency-Key"}, {"body": "job_key"}]},
+            "on_unknown_outcome": "reconcile",
+            "reconcile": {"url": "http://127.0.0.1:5000/status/{key}", "done": [200]},
+        },
+        {
+            "name": "report",
+            "match": {"path": "/report"},
+            "upstream": "http://127.0.0.1:5000",
+            "key": {"template": "r:{path.x}:{period}", "period": "1d", "timezone": "UTC"},
+        },
+    ],
+}
+TOP = ("server", "admin", "store", "defaults", "routes")
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["30s", "0", "-1s", "1MiB", "${X}", "${X:?gone}", "$${X}", "2xx", "!408",
+                     "/jobs/{a}", "{body.a}{x}", "http://[::1", "memory://", "redis://h:99999"]),
+)  # fmt: skip
+junk = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(
+            st.one_of(st.text(max_size=8), st.integers(), st.none()), inner, max_size=3
+        ),
+    ),
+    max_leaves=8,
+)
+
+
+def paths(data: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    yield prefix
+    if isinstance(data, dict):
+        for k, v in data.items():
+            yield from paths(v, (*prefix, k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            yield from paths(v, (*prefix, i))
+
+
+def replaced(data: Any, path: tuple[Any, ...], value: Any) -> Any:
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if isinstance(data, dict):
+        return {**data, head: replaced(data[head], rest, value)}
+    copy = list(data)
+    copy[head] = replaced(copy[head], rest, value)
+    return copy
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> Any:
+    """The valid config with one to three subtrees replaced, removed or added at random."""
+    data: Any = VALID
+    for _ in range(draw(st.integers(1, 3))):
+        where = draw(st.sampled_from(list(paths(data))))
+        action = draw(st.sampled_from(["replace", "remove", "add"]))
+        if action == "remove" and where and isinstance(data, dict):
+            parent = where[:-1]
+            node = data
+            for step in parent:
+                node = node[step]
+            if isinstance(node, dict):
+                data = replaced(data, parent, {k: v for k, v in node.items() if k != where[-1]})
+                continue
+        if action == "add":
+            value = draw(junk)
+            node = data
+            for step in where:
+                node = node[step]
+            if isinstance(node, dict):
+                name = draw(st.sampled_from(["key", "period", "scope", "extra", "url", "tls"]))
+                data = replaced(data, where, {**node, name: value})
+                continue
+        data = replaced(data, where, draw(junk))
+    return data
+
+
+def check_config_answer(call: Callable[[], Any], tally: Tally) -> None:
+    try:
+        call()
+    except ConfigError as exc:
+        tally.bad += 1
+        text = str(exc)
+        assert exc.issues, text
+        assert "Traceback" not in text and 'File "' not in text, text
+        for issue in exc.issues:
+            # Every problem names where it is: a YAML path under a known section, or
+            # the whole file ("") when the file itself is the problem.
+            head = issue.path.split(".")[0].split("[")[0]
+            unknown_name = issue.message.startswith("unknown setting")
+            assert head in TOP or issue.path == "" or unknown_name, issue
+            assert issue.message.strip(), issue
+
+
+def test_config_parsing_answers_config_or_config_error(ledger: Ledger) -> None:
+    env = {"X": "30s"}
+    with tallied(ledger, "test_config_parsing_answers_config_or_config_error") as tally:
+
+        @profile(500)
+        @given(st.one_of(configs(), junk))
+        def check(data: Any) -> None:
+            tally.examples += 1
+            check_config_answer(lambda: parse_config(data, "gateway.yaml", env), tally)
+
+        check()
+
+
+def test_config_files_answer_config_or_config_error(ledger: Ledger, tmp_path: Path) -> None:
+    text = yaml.safe_dump(VALID, sort_keys=False)
+    file = tmp_path / "gateway.yaml"
+    with tallied(ledger, "test_config_files_answer_config_or_config_error") as tally:
+
+        @profile(300)
+        @given(
+            st.one_of(
+                configs().map(lambda d: yaml.safe_dump(d, sort_keys=False)),
+                st.tuples(st.integers(0, len(text)), st.integers(0, 8), st.text(max_size=6)).map(
+                    lambda cut: text[: cut[0]] + cut[2] + text[cut[0] + cut[1] :]
+                ),
+                st.binary(max_size=40).map(lambda b: b.decode("latin-1")),
+            )
+        )
+        def check(content: str) -> None:
+            tally.examples += 1
+            file.write_bytes(content.encode("utf-8", "surrogatepass"))
+            check_config_answer(lambda: load_config(file), tally)
+
+        check()
