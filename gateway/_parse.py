@@ -592,9 +592,9 @@ def check_template(
     placeholders, problems = template_placeholders(template)
     for problem in problems:
         issues.add(path, problem)
-    problem = _template_separator_problem(template)
-    if problem:
-        issues.add(path, problem)
+    separator = _template_separator_problem(template)
+    if separator:
+        issues.add(path, separator)
     uses_period = False
     params: list[str] = []
     for text in placeholders:
