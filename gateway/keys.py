@@ -387,16 +387,18 @@ def _sub_day_start(now: datetime, zone: ZoneInfo, size: int) -> datetime:
         return start  # no change of UTC offset in between: the usual case
     # The offset changed between the floored time and now: find when (the last
     # change before now), then decide from the jump.
-    before, after = start, now
-    while after - before > _TICK:
-        middle = before + (after - before) / 2
-        if _offset(middle, zone) == offset:
+    # Offsets change on whole seconds: search those.
+    before, after = math.floor(start.timestamp()), math.ceil(now.timestamp())
+    while after - before > 1:
+        middle = (before + after) // 2
+        if _offset(datetime.fromtimestamp(middle, UTC), zone) == offset:
             after = middle
         else:
             before = middle
-    change = after
-    wall_before_change = (change + _offset(before, zone)).replace(tzinfo=None)
-    if offset > _offset(before, zone) and floor >= wall_before_change:
+    change = datetime.fromtimestamp(after, UTC)
+    old_offset = _offset(datetime.fromtimestamp(before, UTC), zone)
+    wall_before_change = (change + old_offset).replace(tzinfo=None)
+    if offset > old_offset and floor >= wall_before_change:
         return change  # spring forward skipped the aligned time: the window starts here
     # Fall back (or the aligned time came before the jump): the window under way
     # before the change goes on.
