@@ -23,7 +23,7 @@ then on; other claims hold their lease for longer than any example runs.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -55,7 +55,6 @@ KEYS = [
     KeyRef("a0" + "0" * 30, "route-unresolved", "key-a"),
     KeyRef("b1" + "1" * 30, "route-parked", "key-b"),
     KeyRef("c2" + "2" * 30, "route-release", "key-c"),
-    KeyRef("d3" + "3" * 30, "route-unresolved", "key-d"),
 ]
 POLICY: dict[str, ExpiredPolicy] = {
     "route-unresolved": "unresolved",
@@ -133,16 +132,20 @@ class StoreStates(RuleBasedStateMachine):
     def both(self, step: str, call: Any) -> Any:
         """Make the same call on both stores; they must answer the same."""
         self.counts.steps += 1
-        self.step = step
+        if step != "stale":  # stale moves must change nothing: the last real step stays
+            self.step = step
         memory, redis = (self.run(call(store)) for store in self.stores)
         assert _comparable(memory) == _comparable(redis), (memory, redis)
         return memory
 
     def run_id(self, i: int, owner: bool) -> str:
+        """The run holding key i, or a stale one: the latest other run that claimed
+        something (perhaps this very key, before it was released or expired)."""
         record = self.model[i]
         if owner and record is not None:
             return record.run_id
-        return f"stale-{self.runs}"  # never the id of a run that holds the key
+        holder = record.run_id if record is not None else ""
+        return f"run-{self.runs}" if f"run-{self.runs}" != holder else f"run-{self.runs - 1}"
 
     # -- the request path -----------------------------------------------------------
 
@@ -160,10 +163,9 @@ class StoreStates(RuleBasedStateMachine):
         if before is None or before.state is State.RELEASED:
             assert got is None
             history = before is not None and before.history
-            self.model[i] = Model(State.IN_FLIGHT, run, history=history)
             if short:
                 self.run(asyncio.sleep(EXPIRED_WAIT))
-                self.model[i] = replace(self.model[i], lease_expired=True)  # type: ignore[type-var]
+            self.model[i] = Model(State.IN_FLIGHT, run, lease_expired=short, history=history)
         else:
             self.counts.refused += 1
             assert got is not None and got.state is before.state and got.run_id == before.run_id
@@ -350,6 +352,18 @@ class StoreStates(RuleBasedStateMachine):
     # -- invariants ------------------------------------------------------------------------
 
     @invariant()
+    def stale_runs_are_refused(self) -> None:
+        """At every step, a run that does not hold a key can neither complete, release
+        nor unresolve it (the stores must refuse; the model check then sees no change)."""
+        i = self.checks % len(KEYS)  # one key a step, in turn: cheaper, same coverage
+        ref, want = KEYS[i], self.model[i]
+        if want is not None:
+            stale = self.run_id(i, owner=False)
+            for call in _stale_moves(ref, stale):
+                self.counts.refused += 1
+                assert self.both("stale", call) is False, (ref.key, want, stale)
+
+    @invariant()
     def stores_match_the_model(self) -> None:
         self.checks += 1
         for n, store in enumerate(self.stores):
@@ -365,12 +379,13 @@ class StoreStates(RuleBasedStateMachine):
                     if m is not None and m.state in INDEXED
                 }
                 assert {r.digest: r.state for r in records} == want_open
+            listed = self.run(_indexes(store))
             for i, (ref, want) in enumerate(zip(KEYS, self.model, strict=True)):
                 got = self.run(store.get(ref))
                 self.check_move(n, i, got)
                 where = (type(store).__name__, ref.key, got, want)
                 # In exactly one state: the record's, and in that state's index only.
-                indexes = self.run(_indexes(store, ref))
+                indexes = listed[i]
                 if want is None:
                     assert got is None and indexes == [], where
                     continue
@@ -408,17 +423,36 @@ class StoreStates(RuleBasedStateMachine):
             assert POLICY[ref.route] == "release", where
 
 
-async def _indexes(store: Store, ref: KeyRef) -> list[State]:
-    """The state indexes that list `ref`, read from the store's own structures."""
+def _stale_moves(ref: KeyRef, stale: str) -> list[Callable[[Store], Awaitable[bool]]]:
+    response = StoredResponse(500, (), b"stale")
+    return [
+        lambda s: s.complete(ref, stale, response, LONG),
+        lambda s: s.release(ref, stale, LONG, "stale"),
+        lambda s: s.mark_unresolved(ref, stale, "stale"),
+    ]
+
+
+async def _indexes(store: Store) -> list[list[State]]:
+    """For each of KEYS, the state indexes that list it, read from the store's own
+    structures (on Redis, in one round trip)."""
     if isinstance(store, MemoryStore):
-        return [state for state in INDEXED_ORDER if ref.digest in store._index[state]]
+        return [[s for s in INDEXED_ORDER if ref.digest in store._index[s]] for ref in KEYS]
     assert isinstance(store, RedisStore)
-    keys, (member, _) = store._keys(ref)
     async with store.client.pipeline(transaction=False) as pipe:
-        for key in keys[1:]:
-            pipe.zscore(key, member)
+        for ref in KEYS:
+            keys, (member, _) = store._keys(ref)
+            for key in keys[1:]:
+                pipe.zscore(key, member)
         scores = await pipe.execute()
-    return [state for state, score in zip(INDEXED_ORDER, scores, strict=True) if score is not None]
+    n = len(INDEXED_ORDER)
+    return [
+        [
+            s
+            for s, score in zip(INDEXED_ORDER, scores[i * n : i * n + n], strict=True)
+            if score is not None
+        ]
+        for i in range(len(KEYS))
+    ]
 
 
 def _comparable(value: Any) -> Any:
@@ -440,8 +474,8 @@ def test_store_state_machine(redis_server: RedisServer, ledger: Ledger) -> None:
         run_state_machine_as_test(
             StoreStates,
             settings=settings(
-                max_examples=60,
-                stateful_step_count=30,
+                max_examples=40,
+                stateful_step_count=25,
                 deadline=None,
                 database=None,
                 derandomize=True,
