@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,
+    precondition,
     rule,
     run_state_machine_as_test,
 )
@@ -70,6 +71,7 @@ INDEXED = frozenset(INDEXED_ORDER)
 OPERATORS = ("alice", "bob")
 
 keys = st.sampled_from(range(len(KEYS)))
+picks = st.integers(0, len(KEYS) - 1)
 bodies = st.binary(max_size=24)
 
 
@@ -132,11 +134,20 @@ class StoreStates(RuleBasedStateMachine):
     def both(self, step: str, call: Any) -> Any:
         """Make the same call on both stores; they must answer the same."""
         self.counts.steps += 1
-        if step != "stale":  # stale moves must change nothing: the last real step stays
+        if step != "refused":  # refused moves change nothing: the last real step stays
             self.step = step
         memory, redis = (self.run(call(store)) for store in self.stores)
         assert _comparable(memory) == _comparable(redis), (memory, redis)
         return memory
+
+    def eligible(self, *states: State) -> list[int]:
+        return [i for i, m in enumerate(self.model) if m is not None and m.state in states]
+
+    def pick(self, pick: int, *states: State) -> int:
+        """One of the keys in `states` (rules that need one run only when there is one;
+        moves from other states are tried on every step by illegal_moves_are_refused)."""
+        keys = self.eligible(*states)
+        return keys[pick % len(keys)]
 
     def run_id(self, i: int, owner: bool) -> str:
         """The run holding key i, or a stale one: the latest other run that claimed
@@ -180,8 +191,10 @@ class StoreStates(RuleBasedStateMachine):
             )
         return self.model[i]
 
-    @rule(i=keys, owner=st.booleans(), body=bodies)
-    def complete(self, i: int, owner: bool, body: bytes) -> None:
+    @precondition(lambda self: bool(self.eligible(State.IN_FLIGHT, State.UNRESOLVED)))
+    @rule(pick=picks, owner=st.booleans(), body=bodies)
+    def complete(self, pick: int, owner: bool, body: bytes) -> None:
+        i = self.pick(pick, State.IN_FLIGHT, State.UNRESOLVED)
         ref, before = KEYS[i], self.model[i]
         run = self.run_id(i, owner)
         response = StoredResponse(200, (("x-run", run),), body)
@@ -195,8 +208,10 @@ class StoreStates(RuleBasedStateMachine):
         elif not again:
             self.counts.refused += 1
 
-    @rule(i=keys, owner=st.booleans())
-    def release(self, i: int, owner: bool) -> None:
+    @precondition(lambda self: bool(self.eligible(State.IN_FLIGHT)))
+    @rule(pick=picks, owner=st.booleans())
+    def release(self, pick: int, owner: bool) -> None:
+        i = self.pick(pick, State.IN_FLIGHT)
         ref, before = KEYS[i], self.model[i]
         run = self.run_id(i, owner)
         ok = self.both("release", lambda s: s.release(ref, run, LONG, "test"))
@@ -209,8 +224,10 @@ class StoreStates(RuleBasedStateMachine):
             self.counts.refused += 1
             assert not ok
 
-    @rule(i=keys, owner=st.booleans(), park=st.booleans())
-    def unresolved(self, i: int, owner: bool, park: bool) -> None:
+    @precondition(lambda self: bool(self.eligible(State.IN_FLIGHT)))
+    @rule(pick=picks, owner=st.booleans(), park=st.booleans())
+    def unresolved(self, pick: int, owner: bool, park: bool) -> None:
+        i = self.pick(pick, State.IN_FLIGHT)
         ref, before = KEYS[i], self.model[i]
         run = self.run_id(i, owner)
         ok = self.both(
@@ -244,8 +261,10 @@ class StoreStates(RuleBasedStateMachine):
 
     # -- reconcile checks ---------------------------------------------------------------
 
-    @rule(i=keys, owner=st.booleans())
-    def begin_check(self, i: int, owner: bool) -> None:
+    @precondition(lambda self: bool(self.eligible(State.UNRESOLVED)))
+    @rule(pick=picks, owner=st.booleans())
+    def begin_check(self, pick: int, owner: bool) -> None:
+        i = self.pick(pick, State.UNRESOLVED)
         ref, before = KEYS[i], self.model[i]
         run = self.run_id(i, owner)
         ok = self.both("begin_check", lambda s: s.begin_check(ref, run, LONG, 0))
@@ -262,13 +281,15 @@ class StoreStates(RuleBasedStateMachine):
         else:
             self.counts.refused += 1
 
+    @precondition(lambda self: bool(self.eligible(State.UNRESOLVED)))
     @rule(
-        i=keys,
+        pick=picks,
         owner=st.booleans(),
         result=st.sampled_from(["done", "not_done", "inconclusive"]),
         park_now=st.booleans(),
     )
-    def end_check(self, i: int, owner: bool, result: str, park_now: bool) -> None:
+    def end_check(self, pick: int, owner: bool, result: str, park_now: bool) -> None:
+        i = self.pick(pick, State.UNRESOLVED)
         ref, before = KEYS[i], self.model[i]
         run = self.run_id(i, owner)
         response = StoredResponse(200, (), b"reconciled", origin="reconciled")
@@ -291,8 +312,10 @@ class StoreStates(RuleBasedStateMachine):
             self.model[i] = replace(before, check_locked=False)
         assert after == str(self.model[i].state)  # type: ignore[union-attr]
 
-    @rule(i=keys)
-    def park(self, i: int) -> None:
+    @precondition(lambda self: bool(self.eligible(State.UNRESOLVED)))
+    @rule(pick=picks)
+    def park(self, pick: int) -> None:
+        i = self.pick(pick, State.UNRESOLVED)
         ref, before = KEYS[i], self.model[i]
         ok = self.both("park", lambda s: s.park(ref, "test"))
         assert ok == (before is not None and before.state is State.UNRESOLVED)
@@ -304,8 +327,10 @@ class StoreStates(RuleBasedStateMachine):
 
     # -- operators ---------------------------------------------------------------------
 
-    @rule(i=keys, operator=st.sampled_from(OPERATORS), force=st.booleans())
-    def operator_claim(self, i: int, operator: str, force: bool) -> None:
+    @precondition(lambda self: bool(self.eligible(*OPEN)))
+    @rule(pick=picks, operator=st.sampled_from(OPERATORS), force=st.booleans())
+    def operator_claim(self, pick: int, operator: str, force: bool) -> None:
+        i = self.pick(pick, State.UNRESOLVED, State.PARKED, State.CLAIMED)
         ref, before = KEYS[i], self.model[i]
         result: OperatorResult = self.both(
             "operator_claim", lambda s: s.operator_claim(ref, operator, force)
@@ -325,13 +350,15 @@ class StoreStates(RuleBasedStateMachine):
             self.counts.refused += 1
             assert result.refused == "held" and result.holder == before.holder
 
+    @precondition(lambda self: bool(self.eligible(State.CLAIMED)))
     @rule(
-        i=keys,
+        pick=picks,
         operator=st.sampled_from(OPERATORS),
         outcome=st.sampled_from(["done", "retry"]),
         body=bodies,
     )
-    def operator_resolve(self, i: int, operator: str, outcome: str, body: bytes) -> None:
+    def operator_resolve(self, pick: int, operator: str, outcome: str, body: bytes) -> None:
+        i = self.pick(pick, State.CLAIMED)
         ref, before = KEYS[i], self.model[i]
         response = StoredResponse(200, (), body, origin="operator")
         result: OperatorResult = self.both(
@@ -352,16 +379,41 @@ class StoreStates(RuleBasedStateMachine):
     # -- invariants ------------------------------------------------------------------------
 
     @invariant()
-    def stale_runs_are_refused(self) -> None:
-        """At every step, a run that does not hold a key can neither complete, release
-        nor unresolve it (the stores must refuse; the model check then sees no change)."""
-        i = self.checks % len(KEYS)  # one key a step, in turn: cheaper, same coverage
+    def illegal_moves_are_refused(self) -> None:
+        """At every step, on one key in turn: a run that does not hold the key can
+        neither complete, release nor unresolve it, and the run that does can only
+        make the moves its state allows. Refused moves change nothing, which the
+        model check after this sees."""
+        i = self.checks % len(KEYS)
         ref, want = KEYS[i], self.model[i]
-        if want is not None:
-            stale = self.run_id(i, owner=False)
-            for call in _stale_moves(ref, stale):
-                self.counts.refused += 1
-                assert self.both("stale", call) is False, (ref.key, want, stale)
+        if want is None:
+            return
+        stale = self.run_id(i, owner=False)
+        moves: list[tuple[Any, Any]] = [(call, False) for call in _stale_moves(ref, stale)]
+        moves.append((lambda s: s.end_check(ref, stale, "not_done", {}, None, LONG, LONG), ""))
+        if want.state is not State.IN_FLIGHT:
+            owner = want.run_id
+            other = StoredResponse(299, (), b"a second answer")
+            moves += [
+                (lambda s: s.release(ref, owner, LONG, "again"), False),
+                (lambda s: s.mark_unresolved(ref, owner, "another reason"), False),
+            ]
+            if want.state is not State.UNRESOLVED:  # where a late answer is legal
+                # A repeated completion succeeds but never changes the stored response.
+                done = want.state is State.COMPLETED
+                moves.append((lambda s: s.complete(ref, owner, other, LONG), done))
+        # Only the operator holding a claimed record resolves it, and nothing else is.
+        intruder = "mallory"
+        moves.append(
+            (lambda s: _ok(s.operator_resolve(ref, intruder, "retry", "", None, LONG)), False)
+        )
+        if want.state not in OPEN:
+            moves.append((lambda s: _ok(s.operator_claim(ref, intruder, True)), False))
+        if want.state is not State.UNRESOLVED:
+            moves.append((lambda s: s.park(ref, "not unresolved"), False))
+        for call, allowed in moves:
+            self.counts.refused += allowed in (False, "")
+            assert self.both("refused", call) == allowed, (ref.key, want)
 
     @invariant()
     def stores_match_the_model(self) -> None:
@@ -421,6 +473,10 @@ class StoreStates(RuleBasedStateMachine):
         # A lease that ran out never frees a key unless the route says release.
         if was is State.IN_FLIGHT and free and self.step in ("claim", "sweep"):
             assert POLICY[ref.route] == "release", where
+
+
+async def _ok(result: Awaitable[OperatorResult]) -> bool:
+    return (await result).ok
 
 
 def _stale_moves(ref: KeyRef, stale: str) -> list[Callable[[Store], Awaitable[bool]]]:
