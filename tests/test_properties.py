@@ -27,7 +27,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.config import KeySource, KeySpec, Period, load_config, parse_config
+from gateway.config import Config, KeySource, KeySpec, Period, load_config, parse_config
 from gateway.errors import BadRequest, ConfigError
 from gateway.keys import (
     RequestParts,
@@ -589,7 +589,7 @@ VALID = {
         },
         {
             "name": "report",
-            "match": {"path": "/report"},
+            "match": {"path": "/report/{x}"},
             "upstream": "http://127.0.0.1:5000",
             "key": {"template": "r:{path.x}:{period}", "period": "1d", "timezone": "UTC"},
         },
@@ -694,7 +694,9 @@ def test_config_parsing_answers_config_or_config_error(ledger: Ledger) -> None:
             tally.examples += 1
             check_config_answer(lambda: parse_config(data, "gateway.yaml", env), tally)
 
+        assert isinstance(parse_config(VALID, "gateway.yaml", env), Config)
         check()
+        assert tally.bad < tally.examples  # some random changes still make a valid config
 
 
 def test_config_files_answer_config_or_config_error(ledger: Ledger, tmp_path: Path) -> None:
@@ -718,3 +720,4 @@ def test_config_files_answer_config_or_config_error(ledger: Ledger, tmp_path: Pa
             check_config_answer(lambda: load_config(file), tally)
 
         check()
+        assert tally.bad < tally.examples
