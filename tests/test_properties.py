@@ -117,6 +117,11 @@ key_text = st.text(
 any_text = st.text(max_size=40)
 
 
+def wire(text: str) -> str:
+    """A header value as the server hands it over: its UTF-8 bytes, decoded latin-1."""
+    return text.encode("utf-8", "surrogatepass").decode("latin-1")
+
+
 def sf_string(value: str) -> str:
     """`value` as a structured-field string, the IETF draft's Idempotency-Key form."""
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -145,7 +150,7 @@ def test_extraction_is_deterministic(ledger: Ledger) -> None:
 
             def parts() -> RequestParts:
                 return req(
-                    headers=[("idempotency-key", header)],
+                    headers=[("idempotency-key", wire(header))],
                     query="run=" + quote(run),
                     body=body.encode(),
                 )
@@ -190,9 +195,9 @@ def test_equivalent_requests_give_one_record(ledger: Ledger) -> None:
 
             header = KeySource("header", "Idempotency-Key")
             # A quoted structured-field string and the bare value are the same key.
-            record(header, req(headers=[("idempotency-key", pad + sf_string(value) + pad)]))
+            record(header, req(headers=[("idempotency-key", wire(pad + sf_string(value) + pad))]))
             if not value.startswith('"'):
-                record(header, req(headers=[("idempotency-key", pad + value + pad)]))
+                record(header, req(headers=[("idempotency-key", wire(pad + value + pad))]))
             # Any percent-encoding of the query value.
             for encoded in (quote(value, safe=""), quote_plus(value), quote(value, safe="/:@")):
                 if "&" not in encoded and "#" not in encoded:
@@ -217,9 +222,9 @@ def test_different_keys_and_tenants_never_share_a_record(ledger: Ledger) -> None
             tally.examples += 1
 
             def digest(key: str, tenant: str) -> str:
-                parts = req(headers=[("idempotency-key", sf_string(key))])
+                parts = req(headers=[("idempotency-key", wire(sf_string(key)))])
                 if tenant:
-                    parts.headers.append(("authorization", tenant))
+                    parts.headers.append(("authorization", wire(tenant)))
                 extracted = extract_key(scoped, parts, NOW)
                 assert extracted == key
                 scope = scope_value(scoped, parts)
@@ -275,7 +280,7 @@ def render(template: str, values: dict[str, str], now: datetime = NOW) -> str | 
     params = {"e": values["path.e"]} if "path.e" in values else {}
     parts = req(
         method=values.get("method", "POST"),
-        headers=[("x-c", values["header.X-C"])] if "header.X-C" in values else [],
+        headers=[("x-c", wire(values["header.X-C"]))] if "header.X-C" in values else [],
         query="d=" + quote(values["query.d"], safe="") if "query.d" in values else "",
         body=json.dumps({k[5:]: v for k, v in values.items() if k.startswith("body.")}).encode(),
         params=params,
