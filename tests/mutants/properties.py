@@ -114,7 +114,7 @@ MUTANTS = [
         breaks='a quoted key "a\\"b" and the bare a"b become two records',
     ),
     Mutant(
-        name="scope-ignored",
+        name="scope-hash-skipped",
         path="gateway/keys.py",
         old="    if not spec.scope:\n",
         new="    if True:\n",
