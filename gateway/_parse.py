@@ -564,6 +564,27 @@ def _jmespath_reason(exc: jmespath.exceptions.JMESPathError) -> str:
     return reason + "; write e.g. job_key, data.id or items[0].id"
 
 
+def _template_separator_problem(template: str) -> str | None:
+    """Two placeholders need a separator between them that does not start with the
+    backslash, which escapes separator characters inside values (gateway.keys)."""
+    previous: re.Match[str] | None = None
+    for match in TEMPLATE_TOKEN_RE.finditer(template):
+        if match.group(1) is None:
+            continue
+        if previous is not None:
+            between = template[previous.end() : match.start()]
+            if not between or between.startswith("\\"):
+                a, b = previous.group(1).strip(), match.group(1).strip()
+                where = "next to each other" if not between else "split by a backslash, the escape"
+                return (
+                    f"{{{a}}} and {{{b}}} are {where}, so two different requests could share "
+                    f'one key ("ab"+"c" and "a"+"bc"); put a separator between them, e.g. '
+                    f"{{{a}}}:{{{b}}}"
+                )
+        previous = match
+    return None
+
+
 def check_template(
     template: str, path: str, issues: Issues, *, has_period: bool
 ) -> tuple[bool, list[str]]:
@@ -571,6 +592,9 @@ def check_template(
     placeholders, problems = template_placeholders(template)
     for problem in problems:
         issues.add(path, problem)
+    separator = _template_separator_problem(template)
+    if separator:
+        issues.add(path, separator)
     uses_period = False
     params: list[str] = []
     for text in placeholders:

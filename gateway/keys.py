@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import date, datetime, time
+from datetime import UTC, date, datetime, time, timedelta
 from functools import lru_cache
 from typing import Any
 from urllib.parse import parse_qs
@@ -38,6 +38,8 @@ _SF_ESCAPE = re.compile(r'\\(["\\])')
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _TEMPLATE_TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
+#: Escapes separator characters inside template part values (see `_escapes`).
+ESCAPE = "\\"
 # Schedulers often send JSON without a JSON content type, so only media types
 # that cannot hold a JSON document are refused.
 _NON_JSON_TYPES = ("application/x-www-form-urlencoded", "application/xml", "text/xml")
@@ -161,21 +163,60 @@ class _Placeholder:
 
 @lru_cache(maxsize=512)
 def parse_template(text: str) -> tuple[str | _Placeholder, ...]:
-    """Compile a key template; raise ValueError when it is malformed."""
+    """Compile a key template; raise ValueError when it is malformed.
+
+    Literal text comes out in one piece between placeholders. Two placeholders
+    need a separator between them that does not start with the escape character,
+    or no escaping could keep their values apart (see `_escapes`).
+    """
     out: list[str | _Placeholder] = []
-    pos = 0
+    literal, previous, pos = "", "", 0
     for m in _TEMPLATE_TOKEN.finditer(text):
-        out.append(text[pos : m.start()])
+        literal += text[pos : m.start()]
         pos = m.end()
         token = m.group(0)
         if token in ("{{", "}}"):
-            out.append(token[0])
-        elif m.group(1) is None:
+            literal += token[0]
+            continue
+        if m.group(1) is None:
             raise ValueError(f"template {text!r} has an unmatched {token!r}; write {token * 2}")
-        else:
-            out.append(_placeholder(m.group(1).strip(), text))
-    out.append(text[pos:])
+        inner = m.group(1).strip()
+        if previous and (not literal or literal.startswith(ESCAPE)):
+            raise ValueError(
+                f"template {text!r} needs a separator between {{{previous}}} and {{{inner}}} "
+                f"that does not start with {ESCAPE}, or two different requests could share "
+                f'a key ("ab"+"c" and "a"+"bc"); write e.g. {{{previous}}}:{{{inner}}}'
+            )
+        out += [literal, _placeholder(inner, text)]
+        literal, previous = "", inner
+    out.append(literal + text[pos:])
     return tuple(p for p in out if p != "")
+
+
+@lru_cache(maxsize=512)
+def _escapes(text: str) -> frozenset[str]:
+    """The characters escaped (with a backslash) in a template's part values.
+
+    Joined as they come, "{a}:{b}" would give "a:b"+"c" and "a"+"b:c" one key, and so
+    one record. A value's own copy of the first character of any separator between
+    two parts is escaped, and the escape character itself, so the first unescaped
+    separator character always ends a part: one key per tuple of values. Values
+    without those characters are unchanged, and a template with one part needs none.
+    """
+    pieces = parse_template(text)
+    firsts = {
+        piece[0]
+        for before, piece, after in zip(pieces, pieces[1:], pieces[2:], strict=False)
+        if isinstance(before, _Placeholder) and isinstance(piece, str)
+        if isinstance(after, _Placeholder)
+    }
+    return frozenset({ESCAPE, *firsts}) if firsts else frozenset()
+
+
+def _escape(value: str, escapes: frozenset[str]) -> str:
+    if not escapes or not any(c in escapes for c in value):
+        return value
+    return "".join(ESCAPE + c if c in escapes else c for c in value)
 
 
 def _placeholder(inner: str, text: str) -> _Placeholder:
@@ -200,6 +241,7 @@ def _need_period(spec: KeySpec) -> Period:
 
 def _render(spec: KeySpec, source: KeySource, parts: RequestParts, now: datetime) -> str | None:
     pieces: list[str] = []
+    escapes = _escapes(source.name)
     for piece in parse_template(source.name):
         value: str | None
         if isinstance(piece, str):
@@ -222,7 +264,8 @@ def _render(spec: KeySpec, source: KeySource, parts: RequestParts, now: datetime
         # A template with a hole would give unrelated requests the same key.
         if value is None or not value.strip():
             return None
-        pieces.append(value)
+        # The period is the gateway's own fixed-format text; client values are escaped.
+        pieces.append(value if piece.kind == "period" else _escape(value, escapes))
     return "".join(pieces)
 
 
@@ -317,18 +360,55 @@ def window_start(period: Period, now: datetime) -> str:
         months -= months % period.count
         return f"{1970 + months // 12:04d}-{months % 12 + 1:02d}"
     size = period.count * (60 if period.unit == "h" else 1)
-    minutes = local.hour * 60 + local.minute
+    start = _sub_day_start(now.astimezone(UTC), zone, size)
+    return start.astimezone(zone).isoformat(timespec="minutes")
+
+
+_TICK = timedelta(microseconds=1)
+
+
+def _sub_day_start(now: datetime, zone: ZoneInfo, size: int) -> datetime:
+    """The start of the `size`-minute window holding `now` (in UTC).
+
+    Windows start where the local clock shows a multiple of `size` minutes since
+    local midnight, and where a spring-forward jump skips such a time (the window
+    then starts at the jump). Each window is the stretch up to the next start, so
+    windows never overlap or leave gaps, and the start names the window exactly.
+    A fall-back jump starts no window of its own: the clock shows earlier times
+    again, but the window under way goes on until the next aligned time.
+    """
+    offset = _offset(now, zone)
+    wall = (now + offset).replace(tzinfo=None)
+    minutes = wall.hour * 60 + wall.minute
     minutes -= minutes % size
-    wall = datetime.combine(day, time(minutes // 60, minutes % 60), zone)
-    # The floored wall time can exist twice (fall back) or not at all (spring
-    # forward). The window starts at the latest instant <= now that carries that
-    # wall time (or, in a gap, at the transition), which keeps every window one
-    # contiguous stretch of real time and makes the text (with its UTC offset)
-    # name exactly one instant.
-    now_utc = now.timestamp()
-    starts = sorted({wall.replace(fold=f).timestamp() for f in (0, 1)})
-    start = max((s for s in starts if s <= now_utc), default=starts[0])
-    return datetime.fromtimestamp(start, zone).isoformat(timespec="minutes")
+    floor = datetime.combine(wall.date(), time(minutes // 60, minutes % 60))
+    start = now - (wall - floor)
+    if _offset(start, zone) == offset:
+        return start  # no change of UTC offset in between: the usual case
+    # The offset changed between the floored time and now: find when (the last
+    # change before now), then decide from the jump.
+    # Offsets change on whole seconds: search those.
+    before, after = math.floor(start.timestamp()), math.ceil(now.timestamp())
+    while after - before > 1:
+        middle = (before + after) // 2
+        if _offset(datetime.fromtimestamp(middle, UTC), zone) == offset:
+            after = middle
+        else:
+            before = middle
+    change = datetime.fromtimestamp(after, UTC)
+    old_offset = _offset(datetime.fromtimestamp(before, UTC), zone)
+    wall_before_change = (change + old_offset).replace(tzinfo=None)
+    if offset > old_offset and floor >= wall_before_change:
+        return change  # spring forward skipped the aligned time: the window starts here
+    # Fall back (or the aligned time came before the jump): the window under way
+    # before the change goes on.
+    return _sub_day_start(change - _TICK, zone, size)
+
+
+def _offset(instant: datetime, zone: ZoneInfo) -> timedelta:
+    offset = instant.astimezone(zone).utcoffset()
+    assert offset is not None  # a ZoneInfo always has one
+    return offset
 
 
 def _part_bytes(name: str, parts: RequestParts) -> bytes | None:
