@@ -32,6 +32,7 @@ def sentinel() -> Iterator[SentinelSetup]:
     setup.stop()
 
 
+@pytest.mark.timeout(150)  # a failover, then leases of keys caught in it must run out
 async def test_master_killed_mid_load(
     tmp_path: Path, upstream: Process, sentinel: SentinelSetup
 ) -> None:
@@ -116,7 +117,14 @@ async def test_master_killed_mid_load(
     assert recovered is not None, "the gateway did not recover after the failover"
     assert gateway.proc.pid == pid  # no restart
     during = [s for s in statuses if s[0] > killed_at and s[0] < recovered]
-    assert all(code == 503 and retry for _, code, retry in during if code != 200), during[:5]
+    # The switch itself answers 503. A key whose completion could not be stored while
+    # the master was down stays in flight, its lease turns it unresolved, and its
+    # repeats get 409: also an explicit answer, never a second run.
+    refused = [s for s in during if s[1] != 200]
+    assert any(code == 503 for _, code, _ in refused), refused[:5]
+    assert all(code in (503, 409) and retry for _, code, retry in refused), [
+        s for s in refused if s[1] not in (503, 409) or not s[2]
+    ][:5]
     assert {code for _, code, _ in statuses} <= {200, 409, 503}
     for key in keys:
         assert await upstream_count(upstream, key) <= 1, key
