@@ -359,7 +359,8 @@ class Engine:
             headers = [(n, v) for n, v in headers if n != name]
             headers.append((route.forward_key_header, _header_safe(key)))
         url = route.upstream + parts.path + ("?" + parts.query if parts.query else "")
-        gauge = self.metrics.in_flight.labels(route.name)
+        metrics = self.metrics.for_route(route.name)
+        gauge = metrics.in_flight
         gauge.inc()
         started = time.perf_counter()
         try:
@@ -372,13 +373,13 @@ class Engine:
                 route.max_response_body,
             )
         finally:
-            self.metrics.upstream_duration.labels(route.name).observe(time.perf_counter() - started)
+            metrics.upstream_duration.observe(time.perf_counter() - started)
             gauge.dec()
         trace = current_trace.get()
         if trace is not None:
             trace.upstream_status = response.status
         if response.status < 500:
-            self.metrics.last_success.labels(route.name).set(time.time())
+            metrics.last_success.set(time.time())
         return response
 
     async def _passthrough(

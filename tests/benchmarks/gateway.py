@@ -531,7 +531,8 @@ def parse_monitor(lines: list[str], scripts: dict[str, str]) -> dict[str, Counte
         source, cmd, arg = m.group(2), m.group(3).upper(), m.group(4) or ""
         if source == "lua":
             inner[cmd] += 1
-        elif cmd in BACKGROUND:
+        elif cmd in BACKGROUND or (cmd in ("GET", "SET") and arg.endswith(":m")):
+            # ...and the store-reset markers every process reads once a second
             background[cmd] += 1
         elif cmd == "EVALSHA":
             top["EVALSHA " + scripts.get(arg.lower(), arg[:8])] += 1
