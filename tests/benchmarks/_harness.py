@@ -384,3 +384,12 @@ def run_bounded(argv: list[str], timeout: float) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"{argv[0]} failed ({done.returncode}):\n{done.stderr}{done.stdout}")
     return done.stdout
+
+
+def wrk_result(out: str) -> dict[str, Any]:
+    """The BENCH_JSON line the benchmarks' wrk scripts print in `done()`."""
+    line = next((ln for ln in out.splitlines() if ln.startswith("BENCH_JSON ")), None)
+    if line is None:
+        raise RuntimeError(f"no result from wrk:\n{out}")
+    data: dict[str, Any] = json.loads(line.removeprefix("BENCH_JSON "))
+    return data

@@ -53,6 +53,7 @@ from _harness import (
     pinned,
     raise_system_exit,
     uvicorn_argv,
+    wrk_result,
 )
 from _harness import start_nginx as _start_nginx
 from _harness import wait_ready as _wait_ready
@@ -206,10 +207,7 @@ class LoadDriver:
                 prefix,
             ]
             out = self._run(pinned(self.cpu, argv), timeout)
-            line = next((ln for ln in out.splitlines() if ln.startswith("BENCH_JSON ")), None)
-            if line is None:
-                raise RuntimeError(f"no result from wrk:\n{out}")
-            data = json.loads(line.removeprefix("BENCH_JSON "))
+            data = wrk_result(out)
             return LoadResult(
                 requests=data["requests"],
                 duration_s=data["duration_us"] / 1e6,

@@ -249,10 +249,7 @@ class Wrk:
             str(self.calls),
         ]
         out = h.run_bounded(h.pinned(self.cpu, argv), duration + 30.0)
-        line = next((ln for ln in out.splitlines() if ln.startswith("BENCH_JSON ")), None)
-        if line is None:
-            raise RuntimeError(f"no result from wrk:\n{out}")
-        data = json.loads(line.removeprefix("BENCH_JSON "))
+        data = h.wrk_result(out)
         return Result(
             requests=data["requests"],
             duration_s=data["duration_us"] / 1e6,
