@@ -245,16 +245,19 @@ def _headers(scope: Scope, limit: int) -> list[tuple[str, str]]:
     raw: list[tuple[bytes, bytes]] = scope["headers"]
     size = 0
     out: list[tuple[str, str]] = []
+    bad = ""
     for name, value in raw:
         size += len(name) + len(value)
-        out.append((name.decode("latin-1").lower(), value.decode("latin-1")))
-    if size > limit:
-        raise HeadersTooLarge(f"The request headers are {size} bytes; the limit is {limit}.")
-    for header, text in out:
+        header, text = name.decode("latin-1").lower(), value.decode("latin-1")
         # httptools refuses these already; another ASGI server might not, and the
         # upstream client would fail on them after the key was claimed.
-        if _FORBIDDEN_IN_HEADER.search(text):
-            raise MalformedRequest(f"The {header} header contains control characters.")
+        if not bad and _FORBIDDEN_IN_HEADER.search(text):
+            bad = header
+        out.append((header, text))
+    if size > limit:
+        raise HeadersTooLarge(f"The request headers are {size} bytes; the limit is {limit}.")
+    if bad:
+        raise MalformedRequest(f"The {bad} header contains control characters.")
     return out
 
 

@@ -360,8 +360,7 @@ class Engine:
             headers.append((route.forward_key_header, _header_safe(key)))
         url = route.upstream + parts.path + ("?" + parts.query if parts.query else "")
         metrics = self.metrics.for_route(route.name)
-        gauge = metrics.in_flight
-        gauge.inc()
+        metrics.in_flight.inc()
         started = time.perf_counter()
         try:
             response = await self.upstream.forward(
@@ -374,7 +373,7 @@ class Engine:
             )
         finally:
             metrics.upstream_duration.observe(time.perf_counter() - started)
-            gauge.dec()
+            metrics.in_flight.dec()
         trace = current_trace.get()
         if trace is not None:
             trace.upstream_status = response.status

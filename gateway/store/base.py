@@ -279,6 +279,9 @@ class Notifier:
             if not watchers:
                 self._watchers.pop(digest, None)
 
+    def watching(self, digest: str) -> bool:
+        return digest in self._watchers
+
     def notify(self, digest: str, completed: tuple[str, StoredResponse] | None = None) -> None:
         """Wake the key's watchers; `completed` (fingerprint, response) when the
         change was a completion whose response came with the notice."""

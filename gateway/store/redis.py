@@ -239,15 +239,16 @@ class RedisStore(Store):
     ) -> Any:
         script = self._scripts[name]
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        retried = False
+        retried = loaded = False
         while True:
             try:
                 return await pipe.call(*command)
             except RespError as exc:
                 message = str(exc)
-                if message.startswith("NOSCRIPT"):
+                if message.startswith("NOSCRIPT") and not loaded:
                     # A restarted or flushed Redis: load the script, then run it.
                     await self._load(pipe, name)
+                    loaded = True
                     continue
                 if message.startswith("READONLY") and not retried:
                     # A failover left us on a replica: reconnect to the master.
@@ -564,6 +565,8 @@ class RedisStore(Store):
         """`digest/route`, then for a completion `\\n fingerprint \\n response`."""
         member, _, notice = data.partition(b"\n")
         digest = member.split(b"/", 1)[0].decode()
+        if not self.notifier.watching(digest):
+            return  # every process hears every bucket; most notices are for others
         completed = None
         if notice:
             fingerprint, _, blob = notice.partition(b"\n")

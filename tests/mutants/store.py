@@ -24,7 +24,7 @@ MUTANTS = [
     Mutant(
         name="resp-noscript-not-reloaded",
         path="gateway/store/redis.py",
-        old='if message.startswith("NOSCRIPT"):',
+        old='if message.startswith("NOSCRIPT") and not loaded:',
         new="if False:",
         tests=(f"{RESP}::test_restarted_redis_gets_its_scripts_again",),
         breaks="after a Redis restart every keyed request fails until the gateway restarts",
