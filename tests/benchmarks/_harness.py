@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.client
+import importlib.metadata
 import json
 import os
 import shutil
@@ -362,6 +363,19 @@ def create_upstream_app() -> Callable[..., Any]:
 
 
 # --------------------------------------------------------------------------- formatting
+
+
+def dist_version(dist: str) -> str:
+    """The installed version of a distribution, or "?"."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def dist_versions(dists: Sequence[str]) -> str:
+    """The installed versions, as `starlette 1.0, uvicorn 0.30` (for the environment lines)."""
+    return ", ".join(f"{d} {dist_version(d)}" for d in dists)
 
 
 def fmt_int(value: float) -> str:

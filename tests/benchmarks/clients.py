@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import json
 import os
 import shutil
@@ -45,11 +44,14 @@ from _harness import (
     HOST,
     NGINX_PROXY,
     Processes,
+    dist_version,
+    dist_versions,
     fmt_int,
     fmt_ms,
     free_port,
     nginx_binary,
     nginx_upstream_body,
+    nginx_version,
     pinned,
     raise_system_exit,
     uvicorn_argv,
@@ -64,13 +66,6 @@ PATH = "/v1/payments"
 DEFAULT_SNIFFIO_DIR = Path("/tmp/sniffio-site")
 
 
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
-
-
 @dataclass(frozen=True)
 class Contender:
     key: str
@@ -81,7 +76,7 @@ class Contender:
 
 
 def all_contenders() -> list[Contender]:
-    hx, hx2 = _version("httpx"), _version("httpx2")
+    hx, hx2 = dist_version("httpx"), dist_version("httpx2")
     return [
         Contender("direct", "upstream called directly", "direct"),
         Contender("nginx", "nginx proxy_pass", "nginx"),
@@ -99,13 +94,13 @@ def all_contenders() -> list[Contender]:
         Contender("httpx2-128", f"httpx2 {hx2}, 128", "python", "httpx2-128"),
         Contender(
             "httpx-aiohttp-128",
-            f"httpx + AiohttpTransport (httpx-aiohttp {_version('httpx-aiohttp')}), 128",
+            f"httpx + AiohttpTransport (httpx-aiohttp {dist_version('httpx-aiohttp')}), 128",
             "python",
             "httpx-aiohttp-128",
         ),
         Contender(
             "aiohttp-128",
-            f"aiohttp {_version('aiohttp')} ClientSession, TCPConnector limit 128",
+            f"aiohttp {dist_version('aiohttp')} ClientSession, TCPConnector limit 128",
             "python",
             "aiohttp-128",
         ),
@@ -117,7 +112,7 @@ _SNIFFIO_DIR: Path | None = None
 
 def _sniffio_version() -> str:
     if _SNIFFIO_DIR is None:
-        return _version("sniffio").replace("?", "")
+        return dist_version("sniffio").replace("?", "")
     for meta in sorted(_SNIFFIO_DIR.glob("sniffio-*.dist-info")):
         return meta.name.removeprefix("sniffio-").removesuffix(".dist-info")
     return ""
@@ -499,17 +494,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def environment_line(load: LoadDriver, nginx: str | None, args: argparse.Namespace) -> str:
-    versions = ", ".join(
-        f"{d} {_version(d)}" for d in ("starlette", "uvicorn", "uvloop", "httptools", "httpcore")
-    )
-    nginx_v = "absent"
-    if nginx is not None:
-        proc = subprocess.run(
-            [nginx, "-v"], capture_output=True, text=True, timeout=10, check=False
-        )
-        nginx_v = proc.stderr.strip().removeprefix("nginx version: ")
+    versions = dist_versions(("starlette", "uvicorn", "uvloop", "httptools", "httpcore"))
     return (
-        f"Python {sys.version.split()[0]}, {versions}; upstream/proxy nginx: {nginx_v}; "
+        f"Python {sys.version.split()[0]}, {versions}; "
+        f"upstream/proxy nginx: {nginx_version(nginx)}; "
         f"load: {load.name} 1 thread, {args.connections} connections, cpu {args.load_cpu}; "
         f"servers on cpu {args.server_cpu}; {args.runs} runs x {args.duration:g} s, medians"
     )

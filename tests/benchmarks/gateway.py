@@ -48,7 +48,6 @@ import collections
 import contextlib
 import hashlib
 import http.client
-import importlib.metadata
 import json
 import os
 import re
@@ -85,13 +84,6 @@ BACKGROUND = frozenset(
 )
 
 
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
-
-
 @dataclass(frozen=True)
 class Contender:
     key: str
@@ -110,7 +102,7 @@ def all_contenders(preload: int) -> list[Contender]:
     return [
         Contender("direct", "upstream called directly", "direct"),
         Contender("nginx", "nginx proxy_pass", "nginx"),
-        Contender("bare", f"bare Starlette proxy, aiohttp {_version('aiohttp')}", "bare"),
+        Contender("bare", f"bare Starlette proxy, aiohttp {h.dist_version('aiohttp')}", "bare"),
         Contender("gateway", "gateway, Redis, 1 worker", "gateway"),
         Contender(
             "gateway-1m", f"gateway, Redis with {preload:,} keys stored, 1 worker", "gateway", db=1
@@ -1170,10 +1162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table, summary = render_table(selected, workloads, results)
     env_line = (
         f"Python {sys.version.split()[0]}; "
-        + ", ".join(
-            f"{d} {_version(d)}"
-            for d in ("starlette", "uvicorn", "uvloop", "httptools", "aiohttp", "redis")
-        )
+        + h.dist_versions(("starlette", "uvicorn", "uvloop", "httptools", "aiohttp", "redis"))
         + f"; redis-server {redis_server.version}; nginx {h.nginx_version(nginx)}; "
         f"{os.cpu_count()} CPUs; wrk -t1 -c{args.connections} {placement}; "
         f"{args.runs} runs x {args.duration:g} s, "
