@@ -31,7 +31,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,22 +41,23 @@ from pathlib import Path
 
 from _harness import (
     HOST,
-    NGINX_PROXY,
     Processes,
     dist_version,
     dist_versions,
+    exit_on_signals,
     fmt_int,
     fmt_ms,
     free_port,
     nginx_binary,
+    nginx_proxy_body,
     nginx_upstream_body,
     nginx_version,
     pinned,
-    raise_system_exit,
+    run_bounded,
+    start_nginx,
     uvicorn_argv,
     wrk_result,
 )
-from _harness import start_nginx as _start_nginx
 from _harness import wait_ready as _wait_ready
 from loadgen import DEFAULT_BODY, LoadResult
 
@@ -121,12 +121,6 @@ def _sniffio_version() -> str:
 def wait_ready(procs: Processes, proc: subprocess.Popen[bytes], port: int) -> None:
     """Wait until a POST through `port` answers 200 with the upstream's body."""
     _wait_ready(procs, proc, port, PATH, DEFAULT_BODY)
-
-
-def start_nginx(
-    procs: Processes, binary: str, name: str, body: str, cpu: int | None
-) -> subprocess.Popen[bytes]:
-    return _start_nginx(procs, binary, name, body, cpu)
 
 
 # --------------------------------------------------------------------------- load
@@ -201,7 +195,7 @@ class LoadDriver:
                 "--",
                 prefix,
             ]
-            out = self._run(pinned(self.cpu, argv), timeout)
+            out = run_bounded(pinned(self.cpu, argv), timeout)
             data = wrk_result(out)
             return LoadResult(
                 requests=data["requests"],
@@ -225,23 +219,8 @@ class LoadDriver:
             str(self.connections),
             "--json",
         ]
-        out = self._run(pinned(self.cpu, argv), timeout)
+        out = run_bounded(pinned(self.cpu, argv), timeout)
         return LoadResult.from_json(out.strip().splitlines()[-1])
-
-    @staticmethod
-    def _run(argv: list[str], timeout: float) -> str:
-        # start_new_session: Ctrl-C reaches only us; subprocess.run kills the child on any error.
-        done = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            start_new_session=True,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"{argv[0]} failed ({done.returncode}):\n{done.stderr}{done.stdout}")
-        return done.stdout
 
 
 # --------------------------------------------------------------------------- benchmark
@@ -285,7 +264,7 @@ class Bench:
         port = free_port()
         if contender.kind == "nginx":
             assert self.nginx is not None
-            body = NGINX_PROXY.format(host=HOST, port=port, upstream_port=self.upstream_port)
+            body = nginx_proxy_body(port, self.upstream_port)
             proc = start_nginx(self.procs, self.nginx, tag, body, self.args.server_cpu)
         else:
             assert contender.client is not None
@@ -436,12 +415,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("nothing to run", file=sys.stderr)
         return 2
 
-    # Ctrl-C raises KeyboardInterrupt even when started with SIGINT ignored (e.g. `cmd &`);
-    # SIGTERM/SIGHUP raise SystemExit; either way the finally block below kills every child.
-    previous = {
-        sig: signal.signal(sig, raise_system_exit) for sig in (signal.SIGTERM, signal.SIGHUP)
-    }
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     work_dir = Path(tempfile.mkdtemp(prefix="bench-clients-"))
     procs = Processes(work_dir)
     results: dict[str, list[LoadResult]] = {c.key: [] for c in selected}
@@ -459,25 +432,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"# skipped: {s}", file=sys.stderr)
     keep_logs = False
     try:
-        bench.start_upstream()
-        for run in range(1, args.runs + 1):
-            for c in selected:
-                r = bench.measure(c, run)
-                results[c.key].append(r)
-                print(
-                    f"run {run} {c.key:<22} {r.rps:>10,.0f} req/s  p50 {r.p50_ms:7.2f} ms  "
-                    f"p99 {r.p99_ms:7.2f} ms  non-2xx {r.non_2xx}  "
-                    f"errors {r.socket_errors}+{r.timeouts}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        # Ctrl-C raises KeyboardInterrupt even when started with SIGINT ignored (e.g. `cmd &`);
+        # SIGTERM/SIGHUP raise SystemExit; either way the finally block kills every child.
+        with exit_on_signals():
+            bench.start_upstream()
+            for run in range(1, args.runs + 1):
+                for c in selected:
+                    r = bench.measure(c, run)
+                    results[c.key].append(r)
+                    print(
+                        f"run {run} {c.key:<22} {r.rps:>10,.0f} req/s  p50 {r.p50_ms:7.2f} ms  "
+                        f"p99 {r.p99_ms:7.2f} ms  non-2xx {r.non_2xx}  "
+                        f"errors {r.socket_errors}+{r.timeouts}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     except Exception:
         keep_logs = True
         raise
     finally:
         procs.stop_all()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if keep_logs:
             print(f"# logs kept in {work_dir}", file=sys.stderr)
         else:
