@@ -407,3 +407,45 @@ def wrk_result(out: str) -> dict[str, Any]:
         raise RuntimeError(f"no result from wrk:\n{out}")
     data: dict[str, Any] = json.loads(line.removeprefix("BENCH_JSON "))
     return data
+
+
+def run_wrk(
+    binary: str,
+    cpu: int | None,
+    connections: int,
+    duration: float,
+    script: Path,
+    port: int,
+    path: str,
+    script_args: Sequence[str],
+) -> dict[str, Any]:
+    """`wrk -t1` on `cpu` for `duration` (whole seconds, at least 1) with a script that prints
+    BENCH_JSON (`script_args` go to its `init`); bounded in time; its wrk_result."""
+    argv = [
+        binary,
+        "-t1",
+        f"-c{connections}",
+        f"-d{max(1, round(duration))}s",
+        "--timeout",
+        "5s",
+        "--latency",
+        "-s",
+        str(script),
+        f"http://{HOST}:{port}{path}",
+        "--",
+        *script_args,
+    ]
+    return wrk_result(run_bounded(pinned(cpu, argv), duration + 30.0))
+
+
+def wrk_load_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The loadgen.LoadResult fields of a wrk_result."""
+    return {
+        "requests": data["requests"],
+        "duration_s": data["duration_us"] / 1e6,
+        "p50_ms": data["p50_us"] / 1000.0,
+        "p99_ms": data["p99_us"] / 1000.0,
+        "non_2xx": data["status"],  # wrk counts statuses > 399
+        "socket_errors": data["connect"] + data["read"] + data["write"],
+        "timeouts": data["timeout"],
+    }

@@ -54,9 +54,10 @@ from _harness import (
     nginx_version,
     pinned,
     run_bounded,
+    run_wrk,
     start_nginx,
     uvicorn_argv,
-    wrk_result,
+    wrk_load_fields,
 )
 from _harness import wait_ready as _wait_ready
 from loadgen import DEFAULT_BODY, LoadResult
@@ -178,34 +179,11 @@ class LoadDriver:
     def run(self, port: int, duration: float) -> LoadResult:
         self.calls += 1
         prefix = f"r{os.getpid()}x{self.calls}"
-        timeout = duration + 30.0
         if self.wrk is not None:
-            secs = max(1, round(duration))
-            argv = [
-                self.wrk,
-                "-t1",
-                f"-c{self.connections}",
-                f"-d{secs}s",
-                "--timeout",
-                "5s",
-                "--latency",
-                "-s",
-                str(self.lua),
-                f"http://{HOST}:{port}{PATH}",
-                "--",
-                prefix,
-            ]
-            out = run_bounded(pinned(self.cpu, argv), timeout)
-            data = wrk_result(out)
-            return LoadResult(
-                requests=data["requests"],
-                duration_s=data["duration_us"] / 1e6,
-                p50_ms=data["p50_us"] / 1000.0,
-                p99_ms=data["p99_us"] / 1000.0,
-                non_2xx=data["status"],  # wrk counts statuses > 399
-                socket_errors=data["connect"] + data["read"] + data["write"],
-                timeouts=data["timeout"],
+            data = run_wrk(
+                self.wrk, self.cpu, self.connections, duration, self.lua, port, PATH, (prefix,)
             )
+            return LoadResult(**wrk_load_fields(data))
         argv = [
             sys.executable,
             str(HERE / "loadgen.py"),
@@ -219,7 +197,7 @@ class LoadDriver:
             str(self.connections),
             "--json",
         ]
-        out = run_bounded(pinned(self.cpu, argv), timeout)
+        out = run_bounded(pinned(self.cpu, argv), duration + 30.0)
         return LoadResult.from_json(out.strip().splitlines()[-1])
 
 

@@ -224,34 +224,9 @@ class Wrk:
         self.calls += 1
         prefix = f"{self.run_tag}x{self.calls}"  # a random prefix per run
         lua = self.lua_count if count_replays else self.lua_plain
-        argv = [
-            self.binary,
-            "-t1",
-            f"-c{self.connections}",
-            f"-d{max(1, round(duration))}s",
-            "--timeout",
-            "5s",
-            "--latency",
-            "-s",
-            str(lua),
-            f"http://{h.HOST}:{port}{PATH}",
-            "--",
-            prefix,
-            mode,
-            str(self.calls),
-        ]
-        out = h.run_bounded(h.pinned(self.cpu, argv), duration + 30.0)
-        data = h.wrk_result(out)
-        return Result(
-            requests=data["requests"],
-            duration_s=data["duration_us"] / 1e6,
-            p50_ms=data["p50_us"] / 1000.0,
-            p99_ms=data["p99_us"] / 1000.0,
-            non_2xx=data["status"],  # wrk counts statuses > 399
-            socket_errors=data["connect"] + data["read"] + data["write"],
-            timeouts=data["timeout"],
-            replayed=data["replayed"],
-        )
+        args = (prefix, mode, str(self.calls))
+        data = h.run_wrk(self.binary, self.cpu, self.connections, duration, lua, port, PATH, args)
+        return Result(**h.wrk_load_fields(data), replayed=data["replayed"])
 
 
 # --------------------------------------------------------------------------- redis
