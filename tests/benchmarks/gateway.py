@@ -62,12 +62,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import _harness as h
-from loadgen import DEFAULT_BODY
+from loadgen import DEFAULT_BODY, LoadResult
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -112,24 +112,15 @@ def all_contenders(preload: int) -> list[Contender]:
     ]
 
 
-@dataclass
-class Result:
-    requests: int
-    duration_s: float
-    p50_ms: float
-    p99_ms: float
-    non_2xx: int = 0
-    socket_errors: int = 0
-    timeouts: int = 0
+@dataclass(frozen=True)
+class Result(LoadResult):
+    """A wrk run (LoadResult's fields, same order) and what the gateway rows add."""
+
     replayed: int = 0
     #: CPU time the contender's processes (and Redis) used per request during the run:
     #: unlike req/s, barely moved by whatever else the machine is doing.
     cpu_us: float = 0.0
     redis_cpu_us: float = 0.0
-
-    @property
-    def rps(self) -> float:
-        return self.requests / self.duration_s if self.duration_s > 0 else 0.0
 
 
 # --------------------------------------------------------------------------- wrk
@@ -442,9 +433,12 @@ routes:
                 cpu = h.cpu_seconds(pids), h.cpu_seconds([self.redis.proc.pid])
                 r = self.wrk.run(port, self.args.duration, w, count_replays=c.is_gateway)
                 if r.requests:
-                    r.cpu_us = (h.cpu_seconds(pids) - cpu[0]) * 1e6 / r.requests
-                    r.redis_cpu_us = (
-                        (h.cpu_seconds([self.redis.proc.pid]) - cpu[1]) * 1e6 / r.requests
+                    r = replace(
+                        r,
+                        cpu_us=(h.cpu_seconds(pids) - cpu[0]) * 1e6 / r.requests,
+                        redis_cpu_us=(
+                            (h.cpu_seconds([self.redis.proc.pid]) - cpu[1]) * 1e6 / r.requests
+                        ),
                     )
                 out[w] = r
                 report(run, c, w if c.is_gateway else "-", r)
