@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import tempfile
 import time
@@ -376,6 +377,18 @@ def dist_version(dist: str) -> str:
 def dist_versions(dists: Sequence[str]) -> str:
     """The installed versions, as `starlette 1.0, uvicorn 0.30` (for the environment lines)."""
     return ", ".join(f"{d} {dist_version(d)}" for d in dists)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def median_rps_ratio(results: Sequence[Any], base: Sequence[Any]) -> float | None:
+    """Median over the runs of results[i].rps / base[i].rps (run i of the contender against run
+    i of the reference); None unless there is one reference run per run."""
+    if not base or len(base) != len(results):
+        return None
+    return median([r.rps / b.rps for r, b in zip(results, base, strict=True) if b.rps > 0])
 
 
 def fmt_int(value: float) -> str:

@@ -48,6 +48,7 @@ from _harness import (
     fmt_int,
     fmt_ms,
     free_port,
+    median_rps_ratio,
     nginx_binary,
     nginx_proxy_body,
     nginx_upstream_body,
@@ -296,13 +297,11 @@ def render_table(
         rps = statistics.median(r.rps for r in rs)
         p50 = statistics.median(r.p50_ms for r in rs)
         p99 = statistics.median(r.p99_ms for r in rs)
-        if base and len(base) == len(rs):
-            ratio = statistics.median(
-                r.rps / b.rps for r, b in zip(rs, base, strict=True) if b.rps > 0
-            )
-            ratio_s = "1" if c.key == baseline else f"{ratio:.3g}"
-        else:
+        ratio = median_rps_ratio(rs, base)
+        if ratio is None:
             ratio_s = "n/a"
+        else:
+            ratio_s = "1" if c.key == baseline else f"{ratio:.3g}"
         non_2xx = sum(r.non_2xx for r in rs)
         errors = sum(r.socket_errors + r.timeouts for r in rs)
         lines.append(

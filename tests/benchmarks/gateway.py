@@ -814,10 +814,6 @@ def _summarize(stacks: list[tuple[list[str], int]], top: int = 18) -> dict[str, 
 # --------------------------------------------------------------------------- output
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
-
-
 def render_table(
     contenders: list[Contender],
     workloads: Sequence[str],
@@ -834,25 +830,20 @@ def render_table(
     ]
     summary: dict[str, dict[str, dict[str, float]]] = {}
 
-    def ratio(rs: list[Result], base: list[Result]) -> float | None:
-        if not base or len(base) != len(rs):
-            return None
-        return _median([r.rps / b.rps for r, b in zip(rs, base, strict=True) if b.rps > 0])
-
     for c in contenders:
         for w in workloads if c.is_gateway else ("-",):
             rs = results.get(c.key, {}).get(w, [])
             if not rs:
                 continue
-            xn, xb = ratio(rs, nginx), ratio(rs, bare)
-            cpu = _median([r.cpu_us for r in rs])
-            bare_cpu = _median([r.cpu_us for r in bare]) if bare else 0.0
-            redis_cpu = _median([r.redis_cpu_us for r in rs]) if c.is_gateway else None
+            xn, xb = h.median_rps_ratio(rs, nginx), h.median_rps_ratio(rs, bare)
+            cpu = h.median([r.cpu_us for r in rs])
+            bare_cpu = h.median([r.cpu_us for r in bare]) if bare else 0.0
+            redis_cpu = h.median([r.redis_cpu_us for r in rs]) if c.is_gateway else None
             requests = sum(r.requests for r in rs)
             row = {
-                "rps": _median([r.rps for r in rs]),
-                "p50_ms": _median([r.p50_ms for r in rs]),
-                "p99_ms": _median([r.p99_ms for r in rs]),
+                "rps": h.median([r.rps for r in rs]),
+                "p50_ms": h.median([r.p50_ms for r in rs]),
+                "p99_ms": h.median([r.p99_ms for r in rs]),
                 "x_nginx": xn if xn is not None else float("nan"),
                 "x_bare": xb if xb is not None else float("nan"),
                 "replayed_pct": 100 * sum(r.replayed for r in rs) / requests if requests else 0,
