@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.client
+import importlib.metadata
 import json
 import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import tempfile
 import time
@@ -364,6 +366,31 @@ def create_upstream_app() -> Callable[..., Any]:
 # --------------------------------------------------------------------------- formatting
 
 
+def dist_version(dist: str) -> str:
+    """The installed version of a distribution, or "?"."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def dist_versions(dists: Sequence[str]) -> str:
+    """The installed versions, as `starlette 1.0, uvicorn 0.30` (for the environment lines)."""
+    return ", ".join(f"{d} {dist_version(d)}" for d in dists)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def median_rps_ratio(results: Sequence[Any], base: Sequence[Any]) -> float | None:
+    """Median over the runs of results[i].rps / base[i].rps (run i of the contender against run
+    i of the reference); None unless there is one reference run per run."""
+    if not base or len(base) != len(results):
+        return None
+    return median([r.rps / b.rps for r, b in zip(results, base, strict=True) if b.rps > 0])
+
+
 def fmt_int(value: float) -> str:
     return f"{value:,.0f}"
 
@@ -393,3 +420,45 @@ def wrk_result(out: str) -> dict[str, Any]:
         raise RuntimeError(f"no result from wrk:\n{out}")
     data: dict[str, Any] = json.loads(line.removeprefix("BENCH_JSON "))
     return data
+
+
+def run_wrk(
+    binary: str,
+    cpu: int | None,
+    connections: int,
+    duration: float,
+    script: Path,
+    port: int,
+    path: str,
+    script_args: Sequence[str],
+) -> dict[str, Any]:
+    """`wrk -t1` on `cpu` for `duration` (whole seconds, at least 1) with a script that prints
+    BENCH_JSON (`script_args` go to its `init`); bounded in time; its wrk_result."""
+    argv = [
+        binary,
+        "-t1",
+        f"-c{connections}",
+        f"-d{max(1, round(duration))}s",
+        "--timeout",
+        "5s",
+        "--latency",
+        "-s",
+        str(script),
+        f"http://{HOST}:{port}{path}",
+        "--",
+        *script_args,
+    ]
+    return wrk_result(run_bounded(pinned(cpu, argv), duration + 30.0))
+
+
+def wrk_load_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The loadgen.LoadResult fields of a wrk_result."""
+    return {
+        "requests": data["requests"],
+        "duration_s": data["duration_us"] / 1e6,
+        "p50_ms": data["p50_us"] / 1000.0,
+        "p99_ms": data["p99_us"] / 1000.0,
+        "non_2xx": data["status"],  # wrk counts statuses > 399
+        "socket_errors": data["connect"] + data["read"] + data["write"],
+        "timeouts": data["timeout"],
+    }

@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -43,32 +41,31 @@ from pathlib import Path
 
 from _harness import (
     HOST,
-    NGINX_PROXY,
     Processes,
+    dist_version,
+    dist_versions,
+    exit_on_signals,
     fmt_int,
     fmt_ms,
     free_port,
+    median_rps_ratio,
     nginx_binary,
+    nginx_proxy_body,
     nginx_upstream_body,
+    nginx_version,
     pinned,
-    raise_system_exit,
+    run_bounded,
+    run_wrk,
+    start_nginx,
     uvicorn_argv,
-    wrk_result,
+    wrk_load_fields,
 )
-from _harness import start_nginx as _start_nginx
 from _harness import wait_ready as _wait_ready
 from loadgen import DEFAULT_BODY, LoadResult
 
 HERE = Path(__file__).resolve().parent
 PATH = "/v1/payments"
 DEFAULT_SNIFFIO_DIR = Path("/tmp/sniffio-site")
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
 
 
 @dataclass(frozen=True)
@@ -81,7 +78,7 @@ class Contender:
 
 
 def all_contenders() -> list[Contender]:
-    hx, hx2 = _version("httpx"), _version("httpx2")
+    hx, hx2 = dist_version("httpx"), dist_version("httpx2")
     return [
         Contender("direct", "upstream called directly", "direct"),
         Contender("nginx", "nginx proxy_pass", "nginx"),
@@ -99,13 +96,13 @@ def all_contenders() -> list[Contender]:
         Contender("httpx2-128", f"httpx2 {hx2}, 128", "python", "httpx2-128"),
         Contender(
             "httpx-aiohttp-128",
-            f"httpx + AiohttpTransport (httpx-aiohttp {_version('httpx-aiohttp')}), 128",
+            f"httpx + AiohttpTransport (httpx-aiohttp {dist_version('httpx-aiohttp')}), 128",
             "python",
             "httpx-aiohttp-128",
         ),
         Contender(
             "aiohttp-128",
-            f"aiohttp {_version('aiohttp')} ClientSession, TCPConnector limit 128",
+            f"aiohttp {dist_version('aiohttp')} ClientSession, TCPConnector limit 128",
             "python",
             "aiohttp-128",
         ),
@@ -117,7 +114,7 @@ _SNIFFIO_DIR: Path | None = None
 
 def _sniffio_version() -> str:
     if _SNIFFIO_DIR is None:
-        return _version("sniffio").replace("?", "")
+        return dist_version("sniffio").replace("?", "")
     for meta in sorted(_SNIFFIO_DIR.glob("sniffio-*.dist-info")):
         return meta.name.removeprefix("sniffio-").removesuffix(".dist-info")
     return ""
@@ -126,12 +123,6 @@ def _sniffio_version() -> str:
 def wait_ready(procs: Processes, proc: subprocess.Popen[bytes], port: int) -> None:
     """Wait until a POST through `port` answers 200 with the upstream's body."""
     _wait_ready(procs, proc, port, PATH, DEFAULT_BODY)
-
-
-def start_nginx(
-    procs: Processes, binary: str, name: str, body: str, cpu: int | None
-) -> subprocess.Popen[bytes]:
-    return _start_nginx(procs, binary, name, body, cpu)
 
 
 # --------------------------------------------------------------------------- load
@@ -189,34 +180,11 @@ class LoadDriver:
     def run(self, port: int, duration: float) -> LoadResult:
         self.calls += 1
         prefix = f"r{os.getpid()}x{self.calls}"
-        timeout = duration + 30.0
         if self.wrk is not None:
-            secs = max(1, round(duration))
-            argv = [
-                self.wrk,
-                "-t1",
-                f"-c{self.connections}",
-                f"-d{secs}s",
-                "--timeout",
-                "5s",
-                "--latency",
-                "-s",
-                str(self.lua),
-                f"http://{HOST}:{port}{PATH}",
-                "--",
-                prefix,
-            ]
-            out = self._run(pinned(self.cpu, argv), timeout)
-            data = wrk_result(out)
-            return LoadResult(
-                requests=data["requests"],
-                duration_s=data["duration_us"] / 1e6,
-                p50_ms=data["p50_us"] / 1000.0,
-                p99_ms=data["p99_us"] / 1000.0,
-                non_2xx=data["status"],  # wrk counts statuses > 399
-                socket_errors=data["connect"] + data["read"] + data["write"],
-                timeouts=data["timeout"],
+            data = run_wrk(
+                self.wrk, self.cpu, self.connections, duration, self.lua, port, PATH, (prefix,)
             )
+            return LoadResult(**wrk_load_fields(data))
         argv = [
             sys.executable,
             str(HERE / "loadgen.py"),
@@ -230,23 +198,8 @@ class LoadDriver:
             str(self.connections),
             "--json",
         ]
-        out = self._run(pinned(self.cpu, argv), timeout)
+        out = run_bounded(pinned(self.cpu, argv), duration + 30.0)
         return LoadResult.from_json(out.strip().splitlines()[-1])
-
-    @staticmethod
-    def _run(argv: list[str], timeout: float) -> str:
-        # start_new_session: Ctrl-C reaches only us; subprocess.run kills the child on any error.
-        done = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            start_new_session=True,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"{argv[0]} failed ({done.returncode}):\n{done.stderr}{done.stdout}")
-        return done.stdout
 
 
 # --------------------------------------------------------------------------- benchmark
@@ -290,7 +243,7 @@ class Bench:
         port = free_port()
         if contender.kind == "nginx":
             assert self.nginx is not None
-            body = NGINX_PROXY.format(host=HOST, port=port, upstream_port=self.upstream_port)
+            body = nginx_proxy_body(port, self.upstream_port)
             proc = start_nginx(self.procs, self.nginx, tag, body, self.args.server_cpu)
         else:
             assert contender.client is not None
@@ -344,13 +297,11 @@ def render_table(
         rps = statistics.median(r.rps for r in rs)
         p50 = statistics.median(r.p50_ms for r in rs)
         p99 = statistics.median(r.p99_ms for r in rs)
-        if base and len(base) == len(rs):
-            ratio = statistics.median(
-                r.rps / b.rps for r, b in zip(rs, base, strict=True) if b.rps > 0
-            )
-            ratio_s = "1" if c.key == baseline else f"{ratio:.3g}"
-        else:
+        ratio = median_rps_ratio(rs, base)
+        if ratio is None:
             ratio_s = "n/a"
+        else:
+            ratio_s = "1" if c.key == baseline else f"{ratio:.3g}"
         non_2xx = sum(r.non_2xx for r in rs)
         errors = sum(r.socket_errors + r.timeouts for r in rs)
         lines.append(
@@ -441,12 +392,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("nothing to run", file=sys.stderr)
         return 2
 
-    # Ctrl-C raises KeyboardInterrupt even when started with SIGINT ignored (e.g. `cmd &`);
-    # SIGTERM/SIGHUP raise SystemExit; either way the finally block below kills every child.
-    previous = {
-        sig: signal.signal(sig, raise_system_exit) for sig in (signal.SIGTERM, signal.SIGHUP)
-    }
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     work_dir = Path(tempfile.mkdtemp(prefix="bench-clients-"))
     procs = Processes(work_dir)
     results: dict[str, list[LoadResult]] = {c.key: [] for c in selected}
@@ -464,25 +409,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"# skipped: {s}", file=sys.stderr)
     keep_logs = False
     try:
-        bench.start_upstream()
-        for run in range(1, args.runs + 1):
-            for c in selected:
-                r = bench.measure(c, run)
-                results[c.key].append(r)
-                print(
-                    f"run {run} {c.key:<22} {r.rps:>10,.0f} req/s  p50 {r.p50_ms:7.2f} ms  "
-                    f"p99 {r.p99_ms:7.2f} ms  non-2xx {r.non_2xx}  "
-                    f"errors {r.socket_errors}+{r.timeouts}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        # Ctrl-C raises KeyboardInterrupt even when started with SIGINT ignored (e.g. `cmd &`);
+        # SIGTERM/SIGHUP raise SystemExit; either way the finally block kills every child.
+        with exit_on_signals():
+            bench.start_upstream()
+            for run in range(1, args.runs + 1):
+                for c in selected:
+                    r = bench.measure(c, run)
+                    results[c.key].append(r)
+                    print(
+                        f"run {run} {c.key:<22} {r.rps:>10,.0f} req/s  p50 {r.p50_ms:7.2f} ms  "
+                        f"p99 {r.p99_ms:7.2f} ms  non-2xx {r.non_2xx}  "
+                        f"errors {r.socket_errors}+{r.timeouts}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     except Exception:
         keep_logs = True
         raise
     finally:
         procs.stop_all()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if keep_logs:
             print(f"# logs kept in {work_dir}", file=sys.stderr)
         else:
@@ -499,17 +445,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def environment_line(load: LoadDriver, nginx: str | None, args: argparse.Namespace) -> str:
-    versions = ", ".join(
-        f"{d} {_version(d)}" for d in ("starlette", "uvicorn", "uvloop", "httptools", "httpcore")
-    )
-    nginx_v = "absent"
-    if nginx is not None:
-        proc = subprocess.run(
-            [nginx, "-v"], capture_output=True, text=True, timeout=10, check=False
-        )
-        nginx_v = proc.stderr.strip().removeprefix("nginx version: ")
+    versions = dist_versions(("starlette", "uvicorn", "uvloop", "httptools", "httpcore"))
     return (
-        f"Python {sys.version.split()[0]}, {versions}; upstream/proxy nginx: {nginx_v}; "
+        f"Python {sys.version.split()[0]}, {versions}; "
+        f"upstream/proxy nginx: {nginx_version(nginx)}; "
         f"load: {load.name} 1 thread, {args.connections} connections, cpu {args.load_cpu}; "
         f"servers on cpu {args.server_cpu}; {args.runs} runs x {args.duration:g} s, medians"
     )

@@ -48,7 +48,6 @@ import collections
 import contextlib
 import hashlib
 import http.client
-import importlib.metadata
 import json
 import os
 import re
@@ -63,12 +62,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import _harness as h
-from loadgen import DEFAULT_BODY
+from loadgen import DEFAULT_BODY, LoadResult
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -83,13 +82,6 @@ DEFAULT_PYSPY = "/tmp/pyspy/bin/py-spy"
 BACKGROUND = frozenset(
     {"TIME", "ZRANGEBYSCORE", "PING", "SSUBSCRIBE", "SUBSCRIBE", "CLIENT", "INFO", "ZCARD"}
 )
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
 
 
 @dataclass(frozen=True)
@@ -110,7 +102,7 @@ def all_contenders(preload: int) -> list[Contender]:
     return [
         Contender("direct", "upstream called directly", "direct"),
         Contender("nginx", "nginx proxy_pass", "nginx"),
-        Contender("bare", f"bare Starlette proxy, aiohttp {_version('aiohttp')}", "bare"),
+        Contender("bare", f"bare Starlette proxy, aiohttp {h.dist_version('aiohttp')}", "bare"),
         Contender("gateway", "gateway, Redis, 1 worker", "gateway"),
         Contender(
             "gateway-1m", f"gateway, Redis with {preload:,} keys stored, 1 worker", "gateway", db=1
@@ -120,24 +112,15 @@ def all_contenders(preload: int) -> list[Contender]:
     ]
 
 
-@dataclass
-class Result:
-    requests: int
-    duration_s: float
-    p50_ms: float
-    p99_ms: float
-    non_2xx: int = 0
-    socket_errors: int = 0
-    timeouts: int = 0
+@dataclass(frozen=True)
+class Result(LoadResult):
+    """A wrk run (LoadResult's fields, same order) and what the gateway rows add."""
+
     replayed: int = 0
     #: CPU time the contender's processes (and Redis) used per request during the run:
     #: unlike req/s, barely moved by whatever else the machine is doing.
     cpu_us: float = 0.0
     redis_cpu_us: float = 0.0
-
-    @property
-    def rps(self) -> float:
-        return self.requests / self.duration_s if self.duration_s > 0 else 0.0
 
 
 # --------------------------------------------------------------------------- wrk
@@ -232,34 +215,9 @@ class Wrk:
         self.calls += 1
         prefix = f"{self.run_tag}x{self.calls}"  # a random prefix per run
         lua = self.lua_count if count_replays else self.lua_plain
-        argv = [
-            self.binary,
-            "-t1",
-            f"-c{self.connections}",
-            f"-d{max(1, round(duration))}s",
-            "--timeout",
-            "5s",
-            "--latency",
-            "-s",
-            str(lua),
-            f"http://{h.HOST}:{port}{PATH}",
-            "--",
-            prefix,
-            mode,
-            str(self.calls),
-        ]
-        out = h.run_bounded(h.pinned(self.cpu, argv), duration + 30.0)
-        data = h.wrk_result(out)
-        return Result(
-            requests=data["requests"],
-            duration_s=data["duration_us"] / 1e6,
-            p50_ms=data["p50_us"] / 1000.0,
-            p99_ms=data["p99_us"] / 1000.0,
-            non_2xx=data["status"],  # wrk counts statuses > 399
-            socket_errors=data["connect"] + data["read"] + data["write"],
-            timeouts=data["timeout"],
-            replayed=data["replayed"],
-        )
+        args = (prefix, mode, str(self.calls))
+        data = h.run_wrk(self.binary, self.cpu, self.connections, duration, lua, port, PATH, args)
+        return Result(**h.wrk_load_fields(data), replayed=data["replayed"])
 
 
 # --------------------------------------------------------------------------- redis
@@ -475,9 +433,12 @@ routes:
                 cpu = h.cpu_seconds(pids), h.cpu_seconds([self.redis.proc.pid])
                 r = self.wrk.run(port, self.args.duration, w, count_replays=c.is_gateway)
                 if r.requests:
-                    r.cpu_us = (h.cpu_seconds(pids) - cpu[0]) * 1e6 / r.requests
-                    r.redis_cpu_us = (
-                        (h.cpu_seconds([self.redis.proc.pid]) - cpu[1]) * 1e6 / r.requests
+                    r = replace(
+                        r,
+                        cpu_us=(h.cpu_seconds(pids) - cpu[0]) * 1e6 / r.requests,
+                        redis_cpu_us=(
+                            (h.cpu_seconds([self.redis.proc.pid]) - cpu[1]) * 1e6 / r.requests
+                        ),
                     )
                 out[w] = r
                 report(run, c, w if c.is_gateway else "-", r)
@@ -853,10 +814,6 @@ def _summarize(stacks: list[tuple[list[str], int]], top: int = 18) -> dict[str, 
 # --------------------------------------------------------------------------- output
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
-
-
 def render_table(
     contenders: list[Contender],
     workloads: Sequence[str],
@@ -873,25 +830,20 @@ def render_table(
     ]
     summary: dict[str, dict[str, dict[str, float]]] = {}
 
-    def ratio(rs: list[Result], base: list[Result]) -> float | None:
-        if not base or len(base) != len(rs):
-            return None
-        return _median([r.rps / b.rps for r, b in zip(rs, base, strict=True) if b.rps > 0])
-
     for c in contenders:
         for w in workloads if c.is_gateway else ("-",):
             rs = results.get(c.key, {}).get(w, [])
             if not rs:
                 continue
-            xn, xb = ratio(rs, nginx), ratio(rs, bare)
-            cpu = _median([r.cpu_us for r in rs])
-            bare_cpu = _median([r.cpu_us for r in bare]) if bare else 0.0
-            redis_cpu = _median([r.redis_cpu_us for r in rs]) if c.is_gateway else None
+            xn, xb = h.median_rps_ratio(rs, nginx), h.median_rps_ratio(rs, bare)
+            cpu = h.median([r.cpu_us for r in rs])
+            bare_cpu = h.median([r.cpu_us for r in bare]) if bare else 0.0
+            redis_cpu = h.median([r.redis_cpu_us for r in rs]) if c.is_gateway else None
             requests = sum(r.requests for r in rs)
             row = {
-                "rps": _median([r.rps for r in rs]),
-                "p50_ms": _median([r.p50_ms for r in rs]),
-                "p99_ms": _median([r.p99_ms for r in rs]),
+                "rps": h.median([r.rps for r in rs]),
+                "p50_ms": h.median([r.p50_ms for r in rs]),
+                "p99_ms": h.median([r.p99_ms for r in rs]),
                 "x_nginx": xn if xn is not None else float("nan"),
                 "x_bare": xb if xb is not None else float("nan"),
                 "replayed_pct": 100 * sum(r.replayed for r in rs) / requests if requests else 0,
@@ -1170,10 +1122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table, summary = render_table(selected, workloads, results)
     env_line = (
         f"Python {sys.version.split()[0]}; "
-        + ", ".join(
-            f"{d} {_version(d)}"
-            for d in ("starlette", "uvicorn", "uvloop", "httptools", "aiohttp", "redis")
-        )
+        + h.dist_versions(("starlette", "uvicorn", "uvloop", "httptools", "aiohttp", "redis"))
         + f"; redis-server {redis_server.version}; nginx {h.nginx_version(nginx)}; "
         f"{os.cpu_count()} CPUs; wrk -t1 -c{args.connections} {placement}; "
         f"{args.runs} runs x {args.duration:g} s, "
