@@ -27,13 +27,11 @@ import httpx
 import pytest
 import yaml
 
-from gateway.config import StoreConfig
-from gateway.keys import record_digest
-from gateway.records import KeyRef, Record, State
-from gateway.store.redis import RedisStore
+from gateway.records import State
 from tests.conftest import unique
 from tests.support.ledger import Ledger
 from tests.support.raw_upstream import raw_upstream_server
+from tests.support.records import read_record, until_state
 from tests.support.servers import Process, RedisServer, free_port, gateway_process
 
 pytestmark = [pytest.mark.anyio, pytest.mark.process, pytest.mark.redis]
@@ -146,25 +144,6 @@ async def until_upstream(raw: Process, key: str, field: str, at_least: int = 1) 
         await asyncio.sleep(0.05)
 
 
-async def read_record(redis: RedisServer, route: str, key: str) -> Record | None:
-    store = RedisStore(StoreConfig(url=redis.url, prefix=PREFIX))
-    try:
-        return await store.get(KeyRef(record_digest(route, "", key), route, key))
-    finally:
-        await store.close()
-
-
-async def until_state(redis: RedisServer, route: str, key: str, state: State) -> Record:
-    deadline = time.monotonic() + 15
-    record = None
-    while time.monotonic() < deadline:
-        record = await read_record(redis, route, key)
-        if record is not None and record.state is state:
-            return record
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{route} {key} never became {state}: {record}")
-
-
 def is_problem(response: httpx.Response) -> bool:
     return response.headers.get("content-type") == "application/problem+json"
 
@@ -193,7 +172,7 @@ async def test_slow_upstream_past_timeout_is_parked_never_resent(
     # The upstream finishes its work after the gateway gave up on it; then a repeat.
     await _until_done(raw, key)
     repeat = await client.post("/jobs/slow", params=params, headers=key_header(key))
-    record = await read_record(redis_server, "jobs", key)
+    record = await read_record(redis_server, PREFIX, "jobs", key)
     runs = (await upstream_stats(raw, key))["count"]
     ledger.record(
         AREA,
@@ -231,7 +210,7 @@ async def test_slow_upstream_reconciled_once_it_finished(
     params = {"sleep": "3"}  # the route's deadline is 1 s
     answer = await client.post("/checked/slow", params=params, headers=key_header(key))
     early = await client.post("/checked/slow", params=params, headers=key_header(key))
-    record = await until_state(redis_server, "checked", key, State.COMPLETED)
+    record = await until_state(redis_server, PREFIX, "checked", key, State.COMPLETED)
     late = await client.post("/checked/slow", params=params, headers=key_header(key))
     runs = (await upstream_stats(raw, key))["count"]
     ledger.record(
@@ -279,7 +258,7 @@ async def test_broken_answer_is_never_resent(
     params = {"fault": fault}
     answer = await client.request(method, "/jobs/broken", params=params, headers=key_header(key))
     repeat = await client.request(method, "/jobs/broken", params=params, headers=key_header(key))
-    record = await read_record(redis_server, "jobs", key)
+    record = await read_record(redis_server, PREFIX, "jobs", key)
     runs = (await upstream_stats(raw, key))["count"]
     ledger.record(
         AREA,
@@ -307,7 +286,7 @@ async def test_connection_refused_releases_and_the_retry_runs_once(
 ) -> None:
     key = unique("refused")
     refused = await client.post("/refused/x", headers=key_header(key))
-    released = await read_record(redis_server, "refused", key)
+    released = await read_record(redis_server, PREFIX, "refused", key)
     late = raw_upstream_server(REFUSED_PORT).start()  # the upstream comes up
     try:
         retry = await client.post("/refused/x", headers=key_header(key))
@@ -365,7 +344,7 @@ async def test_endless_trickle_ends_at_the_deadline_and_stays_open(
     answer = await client.post("/jobs/endless", params=params, headers=key_header(key))
     repeat = await client.post("/jobs/endless", params=params, headers=key_header(key))
     await until_upstream(raw, key, "peer_closed")  # the gateway hung up on it
-    record = await read_record(redis_server, "jobs", key)
+    record = await read_record(redis_server, PREFIX, "jobs", key)
     runs = (await upstream_stats(raw, key))["count"]
     ledger.record(
         AREA,
@@ -402,7 +381,7 @@ async def test_endless_flood_and_oversized_bodies_stop_at_max_response_body(
     ]
     await until_upstream(raw, flood, "peer_closed")
     sent = (await upstream_stats(raw, flood))["sent"]
-    records = [await read_record(redis_server, "jobs", key) for key in (flood, oversized)]
+    records = [await read_record(redis_server, PREFIX, "jobs", key) for key in (flood, oversized)]
     runs = [(await upstream_stats(raw, key))["count"] for key in (flood, oversized)]
     ledger.record(
         AREA,
@@ -501,7 +480,7 @@ async def test_5xx_storm_releases_and_retries_one_at_a_time(
             for a in got
             if a.status_code == 200
         )
-        record = await read_record(redis_server, "storm", key)
+        record = await read_record(redis_server, PREFIX, "storm", key)
         assert record is not None and record.state is State.COMPLETED
     assert all(a.status_code == 200 and a.headers["idempotent-replayed"] == "true" for a in final)
     assert all(s["count"] == failures + 1 for s in (await _stats(raw, keys)).values())
