@@ -27,7 +27,7 @@ import httpx
 import pytest
 import yaml
 
-from gateway.records import State
+from gateway.records import Record, State
 from tests.conftest import unique
 from tests.support.ledger import Ledger
 from tests.support.raw_upstream import raw_upstream_server
@@ -157,6 +157,26 @@ def problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
     return doc
 
 
+def note(
+    ledger: Ledger, test: str, runs: int, *, requests: int, detail: str, records_lost: int = 0
+) -> None:
+    """The ledger row of one fault on one key: every run past the first is a duplicate."""
+    ledger.record(
+        AREA,
+        test,
+        requests=requests,
+        faults=1,
+        upstream_duplicates=max(0, runs - 1),
+        records_lost=records_lost,
+        detail=detail,
+    )
+
+
+def lost_unless_parked(record: Record | None) -> int:
+    """1 when the key's record is gone or not parked: the open key was lost."""
+    return int(record is None or record.state is not State.PARKED)
+
+
 # -- slow: past the route's deadline ---------------------------------------------------
 
 
@@ -174,13 +194,12 @@ async def test_slow_upstream_past_timeout_is_parked_never_resent(
     repeat = await client.post("/jobs/slow", params=params, headers=key_header(key))
     record = await read_record(redis_server, PREFIX, "jobs", key)
     runs = (await upstream_stats(raw, key))["count"]
-    ledger.record(
-        AREA,
+    note(
+        ledger,
         "slow past the deadline (park)",
+        runs,
         requests=3,
-        faults=1,
-        upstream_duplicates=max(0, runs - 1),
-        records_lost=int(record is None or record.state is not State.PARKED),
+        records_lost=lost_unless_parked(record),
         detail="upstream sleeps 2.5 s behind a 1.5 s deadline; a duplicate waits on it",
     )
     doc = problem(answer, 504, "outcome-unknown")
@@ -213,12 +232,11 @@ async def test_slow_upstream_reconciled_once_it_finished(
     record = await until_state(redis_server, PREFIX, "checked", key, State.COMPLETED)
     late = await client.post("/checked/slow", params=params, headers=key_header(key))
     runs = (await upstream_stats(raw, key))["count"]
-    ledger.record(
-        AREA,
+    note(
+        ledger,
         "slow past the deadline (reconcile)",
+        runs,
         requests=3,
-        faults=1,
-        upstream_duplicates=max(0, runs - 1),
         detail="upstream sleeps 3 s behind a 1 s deadline; its status endpoint settles it",
     )
     problem(answer, 504, "outcome-unknown")
@@ -260,13 +278,12 @@ async def test_broken_answer_is_never_resent(
     repeat = await client.request(method, "/jobs/broken", params=params, headers=key_header(key))
     record = await read_record(redis_server, PREFIX, "jobs", key)
     runs = (await upstream_stats(raw, key))["count"]
-    ledger.record(
-        AREA,
+    note(
+        ledger,
         f"{fault} ({method})",
+        runs,
         requests=2,
-        faults=1,
-        upstream_duplicates=max(0, runs - 1),
-        records_lost=int(record is None or record.state is not State.PARKED),
+        records_lost=lost_unless_parked(record),
         detail=f"raw upstream: {fault} after reading the request",
     )
     reason, status = BROKEN[fault]
@@ -294,12 +311,11 @@ async def test_connection_refused_releases_and_the_retry_runs_once(
         runs = (await upstream_stats(late, key))["count"]
     finally:
         late.stop()
-    ledger.record(
-        AREA,
+    note(
+        ledger,
         "connection refused",
+        runs,
         requests=3,
-        faults=1,
-        upstream_duplicates=max(0, runs - 1),
         detail="nothing listens on the upstream's port, then an upstream starts there",
     )
     problem(refused, 502, "upstream-unreachable")
@@ -321,12 +337,11 @@ async def test_response_larger_than_max_stored_body(
     first = await client.post("/jobs/big", params=params, headers=key_header(key))
     repeat = await client.post("/jobs/big", params=params, headers=key_header(key))
     runs = (await upstream_stats(raw, key))["count"]
-    ledger.record(
-        AREA,
+    note(
+        ledger,
         "response larger than max_stored_body",
+        runs,
         requests=2,
-        faults=1,
-        upstream_duplicates=max(0, runs - 1),
         detail="5000-byte body, max_stored_body 1KiB",
     )
     assert first.status_code == 200 and first.content == b"s" * 5000
@@ -346,13 +361,12 @@ async def test_endless_trickle_ends_at_the_deadline_and_stays_open(
     await until_upstream(raw, key, "peer_closed")  # the gateway hung up on it
     record = await read_record(redis_server, PREFIX, "jobs", key)
     runs = (await upstream_stats(raw, key))["count"]
-    ledger.record(
-        AREA,
+    note(
+        ledger,
         "never-ending chunked body (trickle)",
+        runs,
         requests=2,
-        faults=1,
-        upstream_duplicates=max(0, runs - 1),
-        records_lost=int(record is None or record.state is not State.PARKED),
+        records_lost=lost_unless_parked(record),
         detail="a 16-byte chunk every 50 ms, forever; deadline 1.5 s",
     )
     doc = problem(answer, 504, "outcome-unknown")
@@ -389,7 +403,7 @@ async def test_endless_flood_and_oversized_bodies_stop_at_max_response_body(
         requests=2,
         faults=2,
         upstream_duplicates=sum(max(0, n - 1) for n in runs),
-        records_lost=sum(r is None or r.state is not State.PARKED for r in records),
+        records_lost=sum(lost_unless_parked(r) for r in records),
         detail=f"max_response_body 1MiB; the flood had sent {sent:,} bytes at the hang-up",
     )
     for answer in answers:
