@@ -32,12 +32,12 @@ import pytest
 import yaml
 
 from gateway.config import StoreConfig
-from gateway.keys import record_digest
-from gateway.records import KeyRef, Record, State
+from gateway.records import Record, State
 from gateway.store.redis import RedisStore
 from tests.conftest import unique
 from tests.support.ledger import Ledger
 from tests.support.raw_upstream import raw_upstream_server
+from tests.support.records import read_record
 from tests.support.servers import Process, RedisServer, free_port, gateway_process
 
 pytestmark = [pytest.mark.anyio, pytest.mark.process, pytest.mark.redis]
@@ -181,14 +181,6 @@ async def redis_now_ms(redis: RedisServer) -> int:
         await store.close()
 
 
-async def read_record(redis: RedisServer, key: str) -> Record | None:
-    store = RedisStore(StoreConfig(url=redis.url, prefix=PREFIX))
-    try:
-        return await store.get(KeyRef(record_digest("work", "", key), "work", key))
-    finally:
-        await store.close()
-
-
 async def upstream_count(raw: Process, key: str) -> int:
     async with httpx.AsyncClient(timeout=10) as http:
         response = await http.get(f"{raw.url}/_count", params={"key": key})
@@ -198,7 +190,7 @@ async def upstream_count(raw: Process, key: str) -> int:
 async def until_in_flight(redis: RedisServer, key: str) -> Record:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        record = await read_record(redis, key)
+        record = await read_record(redis, PREFIX, "work", key)
         if record is not None:
             assert record.state is State.IN_FLIGHT, record
             return record
@@ -253,7 +245,7 @@ async def test_skewed_gateways_keep_each_others_healthy_leases(
         after = await redis_now_ms(redis_server)
         responses = await answers
     all_keys = [key for url_keys in keys.values() for key in url_keys]
-    records = [await read_record(redis_server, key) for key in all_keys]
+    records = [await read_record(redis_server, PREFIX, "work", key) for key in all_keys]
     runs = [await upstream_count(raw, key) for key in all_keys]
     ledger.record(
         AREA,
@@ -310,7 +302,7 @@ async def test_killed_gateways_lease_runs_out_on_redis_time(
     snapshots: list[Record] = []
     deadline = time.monotonic() + 20  # the lease is 6.2 s; the sweep runs every 200 ms
     while time.monotonic() < deadline:
-        record = await read_record(redis_server, key)
+        record = await read_record(redis_server, PREFIX, "work", key)
         assert record is not None
         snapshots.append(record)
         if record.state is not State.IN_FLIGHT:

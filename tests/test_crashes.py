@@ -16,11 +16,9 @@ import httpx
 import pytest
 import yaml
 
-from gateway.config import StoreConfig
-from gateway.keys import record_digest
-from gateway.records import KeyRef, Record, State
-from gateway.store.redis import RedisStore
+from gateway.records import State
 from tests.conftest import unique, upstream_count
+from tests.support.records import read_record, until_state
 from tests.support.servers import (
     ROOT,
     Process,
@@ -65,27 +63,6 @@ def write_config(
     return path, port, admin_port
 
 
-async def read_record(redis: RedisServer, prefix: str, key: str) -> Record | None:
-    store = RedisStore(StoreConfig(url=redis.url, prefix=prefix))
-    try:
-        return await store.get(KeyRef(record_digest("charge", "", key), "charge", key))
-    finally:
-        await store.close()
-
-
-async def wait_for(
-    redis: RedisServer, prefix: str, key: str, state: State, timeout: float = 15
-) -> Record:
-    deadline = time.monotonic() + timeout
-    record = None
-    while time.monotonic() < deadline:
-        record = await read_record(redis, prefix, key)
-        if record is not None and record.state is state:
-            return record
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"never {state}: {record}")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["reconcile", "park"])
 async def test_sigkill_mid_request_then_new_gateway(
@@ -111,12 +88,12 @@ async def test_sigkill_mid_request_then_new_gateway(
         first.kill()
         with pytest.raises(httpx.TransportError):
             await request
-    record = await read_record(redis_server, prefix, key)
+    record = await read_record(redis_server, prefix, "charge", key)
     assert record is not None and record.state is State.IN_FLIGHT  # nobody settled it
     second = gateway_process(path, port).start()
     try:
         expected = State.COMPLETED if policy == "reconcile" else State.PARKED
-        record = await wait_for(redis_server, prefix, key, expected)
+        record = await until_state(redis_server, prefix, "charge", key, expected)
         assert record.history[0] == {
             "at_ms": record.history[0]["at_ms"],
             "event": "unknown",
@@ -163,7 +140,7 @@ async def test_sigterm_past_grace_marks_in_flight_unresolved(
     assert "shut down" in response.json()["detail"]
     assert gateway.proc is not None and gateway.proc.wait(10) == 0
     assert time.monotonic() - started < 3  # it did not wait for the 3 s handler
-    record = await read_record(redis_server, prefix, key)
+    record = await read_record(redis_server, prefix, "charge", key)
     assert record is not None and record.state is State.UNRESOLVED
     assert record.reason == "the gateway shut down before the upstream answered"
     assert "marked unresolved" in gateway.output()
@@ -185,7 +162,7 @@ async def test_sigterm_lets_short_requests_finish(
         response = await request
     assert response.status_code == 200
     assert gateway.proc is not None and gateway.proc.wait(10) == 0
-    record = await read_record(redis_server, prefix, key)
+    record = await read_record(redis_server, prefix, "charge", key)
     assert record is not None and record.state is State.COMPLETED
 
 

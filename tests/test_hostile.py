@@ -305,19 +305,10 @@ def test_endless_header_line_is_cut_off_while_it_streams(
 ) -> None:
     """A header line that never ends is refused after a bounded amount, not buffered
     until the sender stops: the 431 arrives while the sender is still sending."""
-    sent = 0
     with connect(raw_gateway.port) as sock:
         sock.sendall(head(unique(), "Content-Length: 0")[:-4] + b"\r\nX-Endless: ")
         answer: RawResponse | None = None
-        piece = b"a" * 16384
-        while sent < CAP:
-            try:
-                sock.sendall(piece)
-            except (BrokenPipeError, ConnectionResetError):
-                break
-            sent += len(piece)
-            if _readable(sock):
-                break
+        sent = _send_until_answered(sock, b"a" * 16384)
         answer = read_response(sock, 10)
     ledger.record(
         "hostile input",
@@ -333,6 +324,27 @@ def test_endless_header_line_is_cut_off_while_it_streams(
 
 def _readable(sock: socket.socket) -> bool:
     return bool(select.select([sock], [], [], 0)[0])
+
+
+def _send_until_answered(
+    sock: socket.socket, piece: bytes, *, counts: int | None = None, pause: float = 0.0
+) -> int:
+    """Send `piece` over and over until the gateway answers (the socket turns readable)
+    or hangs up, or CAP bytes were counted; `counts` bytes count per piece (its length
+    unless given), `pause` seconds between pieces. The bytes counted."""
+    step = len(piece) if counts is None else counts
+    sent = 0
+    while sent < CAP:
+        try:
+            sock.sendall(piece)
+        except (BrokenPipeError, ConnectionResetError):
+            break
+        sent += step
+        if _readable(sock):
+            break
+        if pause:
+            time.sleep(pause)
+    return sent
 
 
 def test_declared_body_over_the_limit_is_413_before_it_is_sent(
@@ -355,18 +367,11 @@ def test_chunked_body_growing_past_the_limit_is_cut_off_while_streaming(
     once the limit is passed, while the body is still unfinished."""
     key = unique()
     chunk = b"x" * 8192
-    sent = 0
     with connect(raw_gateway.port) as sock:
         sock.sendall(head(key, "Transfer-Encoding: chunked"))
-        while sent < CAP:  # never sends the last chunk
-            try:
-                sock.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
-            except (BrokenPipeError, ConnectionResetError):
-                break
-            sent += len(chunk)
-            if _readable(sock):
-                break
-            time.sleep(0.001)
+        framed = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+        # Never sends the last chunk; counts body bytes, not the framing.
+        sent = _send_until_answered(sock, framed, counts=len(chunk), pause=0.001)
         answer = read_response(sock, 10)
     ledger.record(
         "hostile input",

@@ -20,24 +20,13 @@ from gateway.keys import (
     scope_value,
     window_start,
 )
+from tests.support.request_parts import req
 
 NOW = datetime(2026, 11, 1, 12, 7, 30, tzinfo=UTC)
 DAY = Period(1, "d")
 
 # Keep hypothesis from writing an example database into the working tree.
 no_db = settings(database=None, deadline=None)
-
-
-def req(
-    *,
-    method: str = "POST",
-    path: str = "/jobs/run",
-    query: str = "",
-    headers: list[tuple[str, str]] | None = None,
-    body: bytes = b"",
-    params: dict[str, str] | None = None,
-) -> RequestParts:
-    return RequestParts(method, path, query, headers or [], body, params or {})
 
 
 def header(name: str) -> KeySource:

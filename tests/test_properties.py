@@ -40,6 +40,7 @@ from gateway.keys import (
 from gateway.records import KeyRef
 from gateway.store.redis import BUCKETS, RedisStore
 from tests.support.ledger import Ledger
+from tests.support.request_parts import req
 
 
 def profile(examples: int) -> settings:
@@ -76,18 +77,6 @@ def tallied(ledger: Ledger, test: str) -> Iterator[Tally]:
 
 
 NOW = datetime(2026, 11, 1, 12, 7, 30, tzinfo=UTC)
-
-
-def req(
-    *,
-    method: str = "POST",
-    path: str = "/jobs/run",
-    query: str = "",
-    headers: list[tuple[str, str]] | None = None,
-    body: bytes = b"",
-    params: dict[str, str] | None = None,
-) -> RequestParts:
-    return RequestParts(method, path, query, headers or [], body, params or {})
 
 
 def spec_of(*sources: KeySource, **kw: Any) -> KeySpec:

@@ -506,10 +506,7 @@ async def test_waiting_duplicate_does_not_poll_redis(
 ) -> None:
     """A duplicate waiting 2 s in another gateway is woken by a notification; its
     store traffic stays a handful of commands, not a polling loop."""
-    if store_kind == "cluster":
-        ports = [node.port for node in request.getfixturevalue("redis_cluster").nodes]
-    else:
-        ports = [request.getfixturevalue("redis_server").port]
+    ports = _redis_ports(store_kind, request)
     a = await gateway_for([route()])
     b = await gateway_for([route()])
     key = unique()
@@ -536,10 +533,7 @@ async def test_waiting_duplicate_costs_one_round_trip(
     """The completion's notice carries the response: a duplicate waiting in another
     gateway replays it from there, so the pair costs 3 scripts (claim, claim, complete),
     not 4 (a re-read after the wake-up)."""
-    if store_kind == "cluster":
-        ports = [node.port for node in request.getfixturevalue("redis_cluster").nodes]
-    else:
-        ports = [request.getfixturevalue("redis_server").port]
+    ports = _redis_ports(store_kind, request)
     a = await gateway_for([route()])
     b = await gateway_for([route()])
     b.gateway.store.fallback_wait = (60.0, 60.0)  # only the notification may wake it
@@ -560,6 +554,13 @@ async def test_waiting_duplicate_costs_one_round_trip(
     assert second.content == (await first).content
     assert await _script_calls(ports) - before == 3
     assert await upstream_count(upstream, key) == 1
+
+
+def _redis_ports(store_kind: str, request: pytest.FixtureRequest) -> list[int]:
+    """The ports of the Redis servers behind `store_kind`: the cluster's nodes, or the one."""
+    if store_kind == "cluster":
+        return [node.port for node in request.getfixturevalue("redis_cluster").nodes]
+    return [request.getfixturevalue("redis_server").port]
 
 
 async def _load_scripts(ports: list[int]) -> None:

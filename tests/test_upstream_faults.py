@@ -27,13 +27,11 @@ import httpx
 import pytest
 import yaml
 
-from gateway.config import StoreConfig
-from gateway.keys import record_digest
-from gateway.records import KeyRef, Record, State
-from gateway.store.redis import RedisStore
+from gateway.records import Record, State
 from tests.conftest import unique
 from tests.support.ledger import Ledger
 from tests.support.raw_upstream import raw_upstream_server
+from tests.support.records import read_record, until_state
 from tests.support.servers import Process, RedisServer, free_port, gateway_process
 
 pytestmark = [pytest.mark.anyio, pytest.mark.process, pytest.mark.redis]
@@ -146,25 +144,6 @@ async def until_upstream(raw: Process, key: str, field: str, at_least: int = 1) 
         await asyncio.sleep(0.05)
 
 
-async def read_record(redis: RedisServer, route: str, key: str) -> Record | None:
-    store = RedisStore(StoreConfig(url=redis.url, prefix=PREFIX))
-    try:
-        return await store.get(KeyRef(record_digest(route, "", key), route, key))
-    finally:
-        await store.close()
-
-
-async def until_state(redis: RedisServer, route: str, key: str, state: State) -> Record:
-    deadline = time.monotonic() + 15
-    record = None
-    while time.monotonic() < deadline:
-        record = await read_record(redis, route, key)
-        if record is not None and record.state is state:
-            return record
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{route} {key} never became {state}: {record}")
-
-
 def is_problem(response: httpx.Response) -> bool:
     return response.headers.get("content-type") == "application/problem+json"
 
@@ -176,6 +155,26 @@ def problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
     doc: dict[str, Any] = response.json()
     assert doc["type"].endswith("/" + slug), doc
     return doc
+
+
+def note(
+    ledger: Ledger, test: str, runs: int, *, requests: int, detail: str, records_lost: int = 0
+) -> None:
+    """The ledger row of one fault on one key: every run past the first is a duplicate."""
+    ledger.record(
+        AREA,
+        test,
+        requests=requests,
+        faults=1,
+        upstream_duplicates=max(0, runs - 1),
+        records_lost=records_lost,
+        detail=detail,
+    )
+
+
+def lost_unless_parked(record: Record | None) -> int:
+    """1 when the key's record is gone or not parked: the open key was lost."""
+    return int(record is None or record.state is not State.PARKED)
 
 
 # -- slow: past the route's deadline ---------------------------------------------------
@@ -193,15 +192,14 @@ async def test_slow_upstream_past_timeout_is_parked_never_resent(
     # The upstream finishes its work after the gateway gave up on it; then a repeat.
     await _until_done(raw, key)
     repeat = await client.post("/jobs/slow", params=params, headers=key_header(key))
-    record = await read_record(redis_server, "jobs", key)
+    record = await read_record(redis_server, PREFIX, "jobs", key)
     runs = (await upstream_stats(raw, key))["count"]
-    ledger.record(
-        AREA,
+    note(
+        ledger,
         "slow past the deadline (park)",
+        runs,
         requests=3,
-        faults=1,
-        upstream_duplicates=max(0, runs - 1),
-        records_lost=int(record is None or record.state is not State.PARKED),
+        records_lost=lost_unless_parked(record),
         detail="upstream sleeps 2.5 s behind a 1.5 s deadline; a duplicate waits on it",
     )
     doc = problem(answer, 504, "outcome-unknown")
@@ -231,15 +229,14 @@ async def test_slow_upstream_reconciled_once_it_finished(
     params = {"sleep": "3"}  # the route's deadline is 1 s
     answer = await client.post("/checked/slow", params=params, headers=key_header(key))
     early = await client.post("/checked/slow", params=params, headers=key_header(key))
-    record = await until_state(redis_server, "checked", key, State.COMPLETED)
+    record = await until_state(redis_server, PREFIX, "checked", key, State.COMPLETED)
     late = await client.post("/checked/slow", params=params, headers=key_header(key))
     runs = (await upstream_stats(raw, key))["count"]
-    ledger.record(
-        AREA,
+    note(
+        ledger,
         "slow past the deadline (reconcile)",
+        runs,
         requests=3,
-        faults=1,
-        upstream_duplicates=max(0, runs - 1),
         detail="upstream sleeps 3 s behind a 1 s deadline; its status endpoint settles it",
     )
     problem(answer, 504, "outcome-unknown")
@@ -279,15 +276,14 @@ async def test_broken_answer_is_never_resent(
     params = {"fault": fault}
     answer = await client.request(method, "/jobs/broken", params=params, headers=key_header(key))
     repeat = await client.request(method, "/jobs/broken", params=params, headers=key_header(key))
-    record = await read_record(redis_server, "jobs", key)
+    record = await read_record(redis_server, PREFIX, "jobs", key)
     runs = (await upstream_stats(raw, key))["count"]
-    ledger.record(
-        AREA,
+    note(
+        ledger,
         f"{fault} ({method})",
+        runs,
         requests=2,
-        faults=1,
-        upstream_duplicates=max(0, runs - 1),
-        records_lost=int(record is None or record.state is not State.PARKED),
+        records_lost=lost_unless_parked(record),
         detail=f"raw upstream: {fault} after reading the request",
     )
     reason, status = BROKEN[fault]
@@ -307,7 +303,7 @@ async def test_connection_refused_releases_and_the_retry_runs_once(
 ) -> None:
     key = unique("refused")
     refused = await client.post("/refused/x", headers=key_header(key))
-    released = await read_record(redis_server, "refused", key)
+    released = await read_record(redis_server, PREFIX, "refused", key)
     late = raw_upstream_server(REFUSED_PORT).start()  # the upstream comes up
     try:
         retry = await client.post("/refused/x", headers=key_header(key))
@@ -315,12 +311,11 @@ async def test_connection_refused_releases_and_the_retry_runs_once(
         runs = (await upstream_stats(late, key))["count"]
     finally:
         late.stop()
-    ledger.record(
-        AREA,
+    note(
+        ledger,
         "connection refused",
+        runs,
         requests=3,
-        faults=1,
-        upstream_duplicates=max(0, runs - 1),
         detail="nothing listens on the upstream's port, then an upstream starts there",
     )
     problem(refused, 502, "upstream-unreachable")
@@ -342,12 +337,11 @@ async def test_response_larger_than_max_stored_body(
     first = await client.post("/jobs/big", params=params, headers=key_header(key))
     repeat = await client.post("/jobs/big", params=params, headers=key_header(key))
     runs = (await upstream_stats(raw, key))["count"]
-    ledger.record(
-        AREA,
+    note(
+        ledger,
         "response larger than max_stored_body",
+        runs,
         requests=2,
-        faults=1,
-        upstream_duplicates=max(0, runs - 1),
         detail="5000-byte body, max_stored_body 1KiB",
     )
     assert first.status_code == 200 and first.content == b"s" * 5000
@@ -365,15 +359,14 @@ async def test_endless_trickle_ends_at_the_deadline_and_stays_open(
     answer = await client.post("/jobs/endless", params=params, headers=key_header(key))
     repeat = await client.post("/jobs/endless", params=params, headers=key_header(key))
     await until_upstream(raw, key, "peer_closed")  # the gateway hung up on it
-    record = await read_record(redis_server, "jobs", key)
+    record = await read_record(redis_server, PREFIX, "jobs", key)
     runs = (await upstream_stats(raw, key))["count"]
-    ledger.record(
-        AREA,
+    note(
+        ledger,
         "never-ending chunked body (trickle)",
+        runs,
         requests=2,
-        faults=1,
-        upstream_duplicates=max(0, runs - 1),
-        records_lost=int(record is None or record.state is not State.PARKED),
+        records_lost=lost_unless_parked(record),
         detail="a 16-byte chunk every 50 ms, forever; deadline 1.5 s",
     )
     doc = problem(answer, 504, "outcome-unknown")
@@ -402,7 +395,7 @@ async def test_endless_flood_and_oversized_bodies_stop_at_max_response_body(
     ]
     await until_upstream(raw, flood, "peer_closed")
     sent = (await upstream_stats(raw, flood))["sent"]
-    records = [await read_record(redis_server, "jobs", key) for key in (flood, oversized)]
+    records = [await read_record(redis_server, PREFIX, "jobs", key) for key in (flood, oversized)]
     runs = [(await upstream_stats(raw, key))["count"] for key in (flood, oversized)]
     ledger.record(
         AREA,
@@ -410,7 +403,7 @@ async def test_endless_flood_and_oversized_bodies_stop_at_max_response_body(
         requests=2,
         faults=2,
         upstream_duplicates=sum(max(0, n - 1) for n in runs),
-        records_lost=sum(r is None or r.state is not State.PARKED for r in records),
+        records_lost=sum(lost_unless_parked(r) for r in records),
         detail=f"max_response_body 1MiB; the flood had sent {sent:,} bytes at the hang-up",
     )
     for answer in answers:
@@ -501,7 +494,7 @@ async def test_5xx_storm_releases_and_retries_one_at_a_time(
             for a in got
             if a.status_code == 200
         )
-        record = await read_record(redis_server, "storm", key)
+        record = await read_record(redis_server, PREFIX, "storm", key)
         assert record is not None and record.state is State.COMPLETED
     assert all(a.status_code == 200 and a.headers["idempotent-replayed"] == "true" for a in final)
     assert all(s["count"] == failures + 1 for s in (await _stats(raw, keys)).values())
