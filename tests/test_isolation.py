@@ -465,15 +465,20 @@ def secrets_scenario(
             path.write_text(yaml.safe_dump(broken))
             gateway.signal(signal.SIGHUP)
             _wait_for_text(gateway, "config reload rejected", 1)
-            for url in (
-                f"redsi://:{REDIS_PASSWORD}@127.0.0.1:{redis.port}/0",
-                f"redis://:{REDIS_PASSWORD}@127.0.0.1:99999/0",
-                f"redis://:{REDIS_PASSWORD}@[::1/0",
+            for rejected, url in enumerate(
+                (
+                    f"redsi://:{REDIS_PASSWORD}@127.0.0.1:{redis.port}/0",
+                    f"redis://:{REDIS_PASSWORD}@127.0.0.1:99999/0",
+                    f"redis://:{REDIS_PASSWORD}@[::1/0",
+                ),
+                start=2,
             ):
                 broken["store"] = {"url": url}
                 path.write_text(yaml.safe_dump(broken))
                 gateway.signal(signal.SIGHUP)
-            _wait_for_text(gateway, "config reload rejected", 4)
+                # One reload at a time: the next write truncates the file, and a reload
+                # still reading it would see an empty file (and signals may coalesce).
+                _wait_for_text(gateway, "config reload rejected", rejected)
             bad += 4
             faults += 4
             deadline = time.monotonic() + 15
