@@ -358,6 +358,21 @@ async def test_forwarded_request_headers(gateway_for: Build, upstream: Process) 
     assert "x-forwarded-for" in headers
 
 
+async def test_header_bytes_reach_the_upstream_unchanged(
+    gateway_for: Build, upstream: Process
+) -> None:
+    """A header value that is not ASCII (UTF-8 here, opaque bytes to HTTP) is forwarded
+    byte for byte, not decoded and re-encoded as something else."""
+    gw = await gateway_for([route()])
+    sent = "Zoë, café \u2713".encode()
+    response = await gw.post(
+        "/jobs/send-reminder", json={"job_key": unique()}, headers={"X-Name": sent}
+    )
+    assert response.status_code == 200
+    # The upstream (Starlette) reads header bytes as latin-1, like the gateway.
+    assert response.json()["headers"]["x-name"].encode("latin-1") == sent
+
+
 async def test_missing_key_rejected_or_forwarded(gateway_for: Build, upstream: Process) -> None:
     gw = await gateway_for(
         [

@@ -48,6 +48,7 @@ import collections
 import contextlib
 import hashlib
 import http.client
+import importlib.util
 import json
 import os
 import re
@@ -89,6 +90,7 @@ class Contender:
     key: str
     label: str
     kind: str  # "direct" | "nginx" | "bare" | "gateway"
+    client: str = "gateway-128"  # bare: proxy_app.py's BENCH_CLIENT
     store: str = "redis"  # gateway: "redis" | "memory"
     db: int = 0
     workers: int = 1
@@ -102,7 +104,15 @@ def all_contenders(preload: int) -> list[Contender]:
     return [
         Contender("direct", "upstream called directly", "direct"),
         Contender("nginx", "nginx proxy_pass", "nginx"),
-        Contender("bare", f"bare Starlette proxy, aiohttp {h.dist_version('aiohttp')}", "bare"),
+        # "bare" uses the gateway's own upstream client: the "x bare" ratio is the cost
+        # of the idempotency layer with the same client.
+        Contender("bare", "bare Starlette proxy, the gateway's client", "bare"),
+        Contender(
+            "bare-aiohttp",
+            f"bare Starlette proxy, aiohttp {h.dist_version('aiohttp')}",
+            "bare",
+            client="aiohttp-128",
+        ),
         Contender("gateway", "gateway, Redis, 1 worker", "gateway"),
         Contender(
             "gateway-1m", f"gateway, Redis with {preload:,} keys stored, 1 worker", "gateway", db=1
@@ -392,7 +402,8 @@ routes:
         elif c.kind == "bare":
             env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
             env["BENCH_UPSTREAM"] = f"http://{h.HOST}:{self.upstream_port}"
-            env["BENCH_CLIENT"] = "aiohttp-128"
+            env["BENCH_CLIENT"] = c.client
+            env["BENCH_GATEWAY_SRC"] = str(Path(self.args.gateway_src).resolve())
             argv = h.uvicorn_argv(sys.executable, "proxy_app:create_app", HERE, port)
             proc = self.procs.start(tag, h.pinned(self.args.server_cpu, argv), env=env)
         else:
@@ -1034,6 +1045,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         elif c.db == 1 and args.preload <= 0:
             notes.append(f"{c.key} skipped: --preload 0")
+        elif c.client == "aiohttp-128" and importlib.util.find_spec("aiohttp") is None:
+            notes.append(f"{c.key} skipped: aiohttp is not installed (pip install -e '.[bench]')")
         else:
             selected.append(c)
 

@@ -22,6 +22,7 @@ import importlib.machinery
 import os
 import sys
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -67,7 +68,14 @@ from starlette.types import Receive, Scope, Send  # noqa: E402
 
 Forwarded = tuple[int, list[tuple[str, str]], bytes]
 
-CLIENTS = ("httpx-default", "httpx-128", "httpx2-128", "httpx-aiohttp-128", "aiohttp-128")
+CLIENTS = (
+    "httpx-default",
+    "httpx-128",
+    "httpx2-128",
+    "httpx-aiohttp-128",
+    "aiohttp-128",
+    "gateway-128",
+)
 POOL_SIZE = 128
 TIMEOUT_S = 10.0
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -144,6 +152,33 @@ class AiohttpForwarder:
         await self.session.close()
 
 
+class GatewayForwarder:
+    """The gateway's own upstream client (gateway/upstream.py), without the gateway."""
+
+    def __init__(self, limit: int) -> None:
+        # This directory holds gateway.py (the benchmark), which would shadow the package.
+        sys.path.insert(0, os.environ.get("BENCH_GATEWAY_SRC", str(Path(__file__).parents[2])))
+        sys.modules.pop("gateway", None)
+        from gateway.upstream import Upstream
+
+        self.upstream = Upstream(connections=limit)
+        self.started = False
+
+    async def forward(
+        self, method: str, url: str, headers: dict[str, str], body: bytes
+    ) -> Forwarded:
+        if not self.started:
+            await self.upstream.start()
+            self.started = True
+        response = await self.upstream.forward(
+            method, url, list(headers.items()), body, TIMEOUT_S, 64 << 20
+        )
+        return response.status, list(response.headers), response.body
+
+    async def aclose(self) -> None:
+        await self.upstream.close()
+
+
 def _importable(name: str) -> str:
     try:
         importlib.import_module(name)
@@ -156,6 +191,8 @@ def make_forwarder(kind: str) -> Forwarder:
     """Create the forwarder; call inside the running event loop (aiohttp needs one)."""
     if kind == "aiohttp-128":
         return AiohttpForwarder(POOL_SIZE)
+    if kind == "gateway-128":
+        return GatewayForwarder(POOL_SIZE)
     if kind == "httpx2-128":
         import httpx2
 

@@ -4,44 +4,55 @@ tests/test_clock.py)."""
 from tests.mutants import Mutant
 
 FAULTS = "tests/test_upstream_faults.py"
+CLIENT = "tests/test_upstream.py"
 CLOCK = "tests/test_clock.py"
 
 MUTANTS = [
     Mutant(
-        name="aiohttp-resends-idempotent-methods",
+        name="client-resends-on-broken-connection",
         path="gateway/upstream.py",
-        old="        self._session._retry_connection = False\n",
-        new="",
+        old="        except _Broken as exc:\n",
+        new=(
+            "        except _Broken as exc:\n"
+            "            if exc.status is None:\n"
+            "                return await self.forward(\n"
+            "                    method, url, headers, body, deadline, max_body\n"
+            "                )\n"
+        ),
         tests=(
             f"{FAULTS}::test_broken_answer_is_never_resent[reset-PUT]",
-            f"{FAULTS}::test_broken_answer_is_never_resent[half_headers-PUT]",
+            f"{FAULTS}::test_broken_answer_is_never_resent[reset-POST]",
         ),
-        breaks="a PUT whose connection broke after it was sent is resent by the client",
+        breaks="a request whose connection broke after it was sent is resent by the client",
     ),
     Mutant(
         name="mid-body-reset-not-sent",
         path="gateway/upstream.py",
-        old='raise OutcomeLost(f"the body was cut off{_after(status)}: {exc}", status) from exc',
-        new='raise NotSent(f"the body was cut off: {exc}") from exc',
+        old='self.fail(_Broken(f"the body was cut off{after}{detail}", self.status))',
+        new='self.future.set_exception(NotSent("the body was cut off"))',
         tests=(f"{FAULTS}::test_broken_answer_is_never_resent[reset_mid_body-POST]",),
         breaks="a body cut off by RST counts as never sent: the key is released and rerun",
     ),
     Mutant(
         name="cut-off-body-complete",
         path="gateway/upstream.py",
-        old='raise OutcomeLost(f"the body was cut off{_after(status)}: {exc}", status) from exc',
-        new="return UpstreamResponse(status or 200, (), b'')",
+        old='self.fail(_Broken(f"the body was cut off{after}{detail}", self.status))',
+        new="self._finish(keep_alive=False)",
         tests=(f"{FAULTS}::test_broken_answer_is_never_resent[close_mid_body-POST]",),
         breaks="a response whose body was cut off is stored and replayed as complete",
     ),
     Mutant(
         name="half-sent-response-complete",
         path="gateway/upstream.py",
-        old='            reason = f"the upstream closed the connection{_after(status)}"\n',
+        old=(
+            "            self.fail(_Broken("
+            'f"the upstream closed the connection{after}", self.status))\n'
+        ),
         new=(
-            "            if status is not None:\n"
-            "                return UpstreamResponse(status, (), b'')\n"
-            '            reason = f"the upstream closed the connection{_after(status)}"\n'
+            "            if self.status is not None:\n"
+            "                self.future.set_result(UpstreamResponse(self.status, (), b''))\n"
+            "            self.fail(_Broken("
+            'f"the upstream closed the connection{after}", self.status))\n'
         ),
         tests=(f"{FAULTS}::test_broken_answer_is_never_resent[half_headers-POST]",),
         breaks="a status line without its headers or body is taken for a complete answer",
@@ -51,28 +62,45 @@ MUTANTS = [
         path="gateway/upstream.py",
         old=(
             "            raise OutcomeLost(\n"
-            '                f"no complete answer within {deadline:g}s{_after(status)}", status\n'
-            "            ) from exc\n"
+            '                f"no complete answer within {deadline:g}s{_after(exchange.status)}",\n'
+            "                exchange.status,\n"
+            "            ) from None\n"
         ),
-        new='            raise NotSent(f"no complete answer within {deadline:g}s") from exc\n',
+        new='            raise NotSent(f"no complete answer within {deadline:g}s") from None\n',
         tests=(f"{FAULTS}::test_slow_upstream_past_timeout_is_parked_never_resent",),
         breaks="a request past its deadline counts as never sent: the repeat runs it again",
     ),
     Mutant(
         name="refused-unknown",
         path="gateway/upstream.py",
-        old='raise NotSent(f"could not connect: {exc.os_error}") from exc',
-        new='raise OutcomeLost(f"could not connect: {exc.os_error}") from exc',
+        old='raise NotSent(f"could not connect to {self.host}:{self.port}: {exc}") from exc',
+        new='raise OutcomeLost(f"could not connect to {self.host}:{self.port}: {exc}") from exc',
         tests=(f"{FAULTS}::test_connection_refused_releases_and_the_retry_runs_once",),
         breaks="a refused connection parks the key although nothing was sent",
     ),
     Mutant(
         name="no-response-body-cap",
         path="gateway/upstream.py",
-        old="        if size > limit:\n",
+        old="        if self.size > self.limit:\n",
         new="        if False:\n",
         tests=(f"{FAULTS}::test_endless_flood_and_oversized_bodies_stop_at_max_response_body",),
         breaks="a never-ending body is read into memory until the deadline",
+    ),
+    Mutant(
+        name="header-line-breaks-sent",
+        path="gateway/upstream.py",
+        old='    if text.count("\\n") != breaks or text.count("\\r") != breaks:\n',
+        new="    if False:\n",
+        tests=(f"{CLIENT}::test_unsendable_request_is_not_sent",),
+        breaks="a CR or LF in a header value is sent: a header or request smuggled upstream",
+    ),
+    Mutant(
+        name="head-answer-waits-for-body",
+        path="gateway/upstream.py",
+        old="        if self.head:\n",
+        new="        if False:\n",
+        tests=(f"{CLIENT}::test_head_answer_has_no_body",),
+        breaks="the answer to a HEAD waits for the body its Content-Length announces",
     ),
     Mutant(
         name="lost-answer-released",
