@@ -97,7 +97,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._head_bytes = 0
+        before = self.cycle
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle is not before and self.scope["method"] != "HEAD":
+            # Its app task has not run yet: every write of this response goes through.
+            cycle.transport = _HeadHolder(self.transport)  # type: ignore[assignment]
 
     def send_400_response(self, msg: str) -> None:
         refusal = self._refusal or MalformedRequest(
@@ -117,6 +122,41 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         lines.append(b"connection: close\r\n\r\n")
         self.transport.write(b"".join(lines) + payload)
         self.transport.close()
+
+
+class _HeadHolder:
+    """The response's transport: holds the status line and headers until the first
+    body write, so a response sent whole leaves in one write (one syscall where
+    uvicorn makes two; the gateway's answers are always whole). Not used for HEAD,
+    whose answer has no body write to wait for."""
+
+    __slots__ = ("_head", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._head: bytes | None = None  # None: nothing held yet; b"": passed
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is None and not data.startswith(b"HTTP/1.1 100 "):  # 100 Continue: now
+            self._head = data
+            return
+        if head:
+            self._head = b""
+            data = head + data
+        self._transport.write(data)
+
+    def close(self) -> None:
+        if self._head:  # the app never sent its body: uvicorn closes, as it would
+            self._transport.write(self._head)
+            self._head = b""
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def protocol_for(head_limit: Callable[[], int]) -> type[GatewayHttpProtocol]:

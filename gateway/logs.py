@@ -18,6 +18,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TextIO
@@ -55,22 +56,19 @@ class AccessWriter:
             key = "sha256:" + hashlib.sha256(key.encode()).hexdigest()[:16]
         duration = round((time.perf_counter() - trace.started) * 1000, 2)
         if self.as_json:
-            line = json.dumps(
-                {
-                    "ts": round(time.time(), 3),
-                    "level": "info",
-                    "logger": "gateway.access",
-                    "method": trace.method,
-                    "path": trace.path,
-                    "status": status,
-                    "route": trace.route or None,
-                    "key": key or None,
-                    "outcome": trace.outcome or None,
-                    "run_id": trace.run_id or None,
-                    "upstream_status": trace.upstream_status,
-                    "duration_ms": duration,
-                },
-                ensure_ascii=False,
+            # The line json.dumps would write for this dict, without building the dict
+            # or running the encoder's machinery: a tenth of the first request's Python
+            # time went to it (py-spy). test_access_log_line_is_json_dumps checks they
+            # stay equal.
+            upstream = trace.upstream_status
+            line = (
+                f'{{"ts": {round(time.time(), 3)}, "level": "info", '
+                f'"logger": "gateway.access", "method": {_quote(trace.method)}, '
+                f'"path": {_quote(trace.path)}, "status": {status}, '
+                f'"route": {_maybe(trace.route)}, "key": {_maybe(key)}, '
+                f'"outcome": {_maybe(trace.outcome)}, "run_id": {_maybe(trace.run_id)}, '
+                f'"upstream_status": {"null" if upstream is None else upstream}, '
+                f'"duration_ms": {duration}}}'
             )
         else:
             details = " ".join(
@@ -97,6 +95,14 @@ class AccessWriter:
             self.stream.write("\n".join(self.lines) + "\n")
             self.stream.flush()
             self.lines.clear()
+
+
+#: json.dumps's own string encoder (C) for ensure_ascii=False.
+_quote: Callable[[str], str] = json.encoder.encode_basestring
+
+
+def _maybe(value: str) -> str:
+    return _quote(value) if value else "null"
 
 
 #: None: no access log (also in tests that build gateways in-process).

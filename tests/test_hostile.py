@@ -935,6 +935,32 @@ async def test_escaping_keys_stay_in_their_namespace_on_redis(
     assert [r.status_code for r in sent_bad] == [400, 400]
 
 
+def test_expect_continue_and_head_answers_are_not_held(raw_gateway: RawGateway) -> None:
+    """The listener holds a response's head until its body, to send both in one write
+    (gateway/framing.py). A 100 Continue must still go out at once, and a HEAD answer,
+    which has no body, must not wait for one."""
+    key = unique("continue")
+    head = http_request("POST", "/jobs/x", [("Idempotency-Key", key), ("Expect", "100-continue")])
+    with connect(raw_gateway.port) as sock:
+        sock.sendall(head.replace(b"Content-Length: 0", b"Content-Length: 2"))
+        sock.settimeout(5)
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            chunk = sock.recv(1024)
+            assert chunk, interim
+            interim += chunk
+        assert interim.startswith(b"HTTP/1.1 100 Continue\r\n"), interim
+        sock.sendall(b"{}")
+        response = read_response(sock, 10)
+    assert response.status == 200, response
+    assert raw_gateway.count(key) == 1
+    with connect(raw_gateway.port) as sock:
+        sock.sendall(http_request("HEAD", "/open/head"))
+        sock.settimeout(5)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer
+
+
 def test_text_access_log_line_cannot_be_forged_by_the_path() -> None:
     """A path with a decoded %0D%0A stays on its own access-log line."""
     stream = io.StringIO()
@@ -944,6 +970,42 @@ def test_text_access_log_line_cannot_be_forged_by_the_path() -> None:
     lines = stream.getvalue().splitlines()
     assert len(lines) == 1, lines
     assert "\\r\\n" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("path", "key", "upstream"),
+    [
+        ('/a"b\\c\r\n\x00\u2028é', 'k"\n\x7f', 200),
+        ("/plain", "", None),
+        ("/\ud800", "\U0001f600", 504),
+    ],
+)
+def test_access_log_line_is_json_dumps(path: str, key: str, upstream: int | None) -> None:
+    """The JSON access line is formatted by hand for speed; it must be exactly what
+    json.dumps writes, whatever the path and key hold."""
+    stream = io.StringIO()
+    writer = AccessWriter(stream, as_json=True)
+    trace = Trace("POST", path, route="r", key=key, outcome="forwarded", upstream_status=upstream)
+    writer.write(trace, 201)
+    writer.flush()
+    line = stream.getvalue()
+    assert line.count("\n") == 1
+    doc = json.loads(line)
+    expected = {
+        "ts": doc["ts"],
+        "level": "info",
+        "logger": "gateway.access",
+        "method": "POST",
+        "path": path,
+        "status": 201,
+        "route": "r",
+        "key": key or None,
+        "outcome": "forwarded",
+        "run_id": None,
+        "upstream_status": upstream,
+        "duration_ms": doc["duration_ms"],
+    }
+    assert line == json.dumps(expected, ensure_ascii=False) + "\n"
 
 
 def test_hash_key_with_a_max_length_it_cannot_meet_is_a_config_error() -> None:

@@ -152,4 +152,28 @@ MUTANTS = [
         tests=(f"{HOSTILE}::test_text_access_log_line_cannot_be_forged_by_the_path",),
         breaks="a %0D%0A in the path writes a forged line into the text access log",
     ),
+    Mutant(
+        name="continue-held",
+        path="gateway/framing.py",
+        old='        if head is None and not data.startswith(b"HTTP/1.1 100 "):',
+        new="        if head is None:",
+        tests=(f"{HOSTILE}::test_expect_continue_and_head_answers_are_not_held",),
+        breaks="a 100 Continue waits for the final answer: the client never sends its body",
+    ),
+    Mutant(
+        name="head-answer-held",
+        path="gateway/framing.py",
+        old='and cycle is not before and self.scope["method"] != "HEAD":',
+        new="and cycle is not before:",
+        tests=(f"{HOSTILE}::test_expect_continue_and_head_answers_are_not_held",),
+        breaks="the answer to a HEAD is held for a body write that never comes",
+    ),
+    Mutant(
+        name="access-json-differs",
+        path="gateway/logs.py",
+        old="""f'"route": {_maybe(trace.route)}, "key": {_maybe(key)}, """,
+        new="""f'"route": {_maybe(trace.route)}, "key": "{key}", """,
+        tests=(f"{HOSTILE}::test_access_log_line_is_json_dumps",),
+        breaks="the hand-written JSON access line stops being valid JSON for some keys",
+    ),
 ]
