@@ -7,8 +7,11 @@ if state == 'in_flight' and tonumber(redis.call('HGET', R, 'l')) <= now then
   state = expire_lease(now, ARGV[8])
 end
 if not state or state == 'released' then
-  local history = redis.call('HGET', R, 'h')  -- a released record's story goes on
-  redis.call('DEL', R)
+  local history = false
+  if state then  -- a released tombstone: its story goes on in the new run
+    history = redis.call('HGET', R, 'h')
+    redis.call('DEL', R)
+  end
   local lease = now + tonumber(ARGV[5])
   redis.call('HSET', R, 's', 'in_flight', 'r', ARGV[3], 'f', ARGV[4], 'l', lease,
     'c', now, 'u', now, 'rt', ARGV[6], 'k', ARGV[7])
