@@ -8,10 +8,10 @@ Reproduces shared/measurements/upstream-clients.md on this machine:
   - wrk straight to the upstream (reference), nginx `proxy_pass` (1 worker, upstream keep-alive),
   - the Starlette catch-all proxy of proxy_app.py under uvicorn (1 worker, uvloop, httptools)
     forwarding with httpx default limits (without and with `sniffio` importable), httpx with 128
-    connections, httpx2 with 128, httpx + httpx_aiohttp.AiohttpTransport with 128, and an aiohttp
-    ClientSession with TCPConnector(limit=128); `sniffio` is importable only in the "+ sniffio"
-    row (from --sniffio-dir, or the venv; when the venv has it, the other rows block it), so the
-    rows mean the same in every environment;
+    connections, httpx2 with 128, httpx + httpx_aiohttp.AiohttpTransport with 128, an aiohttp
+    ClientSession with TCPConnector(limit=128), and the gateway's own client (gateway/upstream.py);
+    `sniffio` is importable only in the "+ sniffio" row (from --sniffio-dir, or the venv; when the
+    venv has it, the other rows block it), so the rows mean the same in every environment;
 * servers under test are pinned to --server-cpu (0), the load generator to --load-cpu (1):
   `wrk -t1 -c32 -d8s --latency` POSTing a small JSON body with a unique Idempotency-Key per request,
   or loadgen.py when wrk is missing;
@@ -106,7 +106,23 @@ def all_contenders() -> list[Contender]:
             "python",
             "aiohttp-128",
         ),
+        Contender(
+            "gateway-128",
+            "the gateway's own client (gateway/upstream.py), 128",
+            "python",
+            "gateway-128",
+        ),
     ]
+
+
+#: The module each client needs (the bench extra installs them).
+CLIENT_MODULES = {
+    "httpx-default": "httpx",
+    "httpx-128": "httpx",
+    "httpx2-128": "httpx2",
+    "httpx-aiohttp-128": "httpx_aiohttp",
+    "aiohttp-128": "aiohttp",
+}
 
 
 _SNIFFIO_DIR: Path | None = None
@@ -381,6 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         if c.kind == "nginx" and nginx is None:
             skipped.append(f"{c.key} (nginx not installed)")
+        elif c.client in CLIENT_MODULES and not venv_has_module(CLIENT_MODULES[c.client]):
+            skipped.append(f"{c.key} ({CLIENT_MODULES[c.client]} not installed)")
         elif c.sniffio and not sniffio_in_venv and _SNIFFIO_DIR is None:
             skipped.append(
                 f"{c.key} (sniffio not importable; pip install --target {DEFAULT_SNIFFIO_DIR} "

@@ -12,11 +12,14 @@ SIGTERM, errors and after --max-minutes):
 * contenders, one at a time, pinned to --server-cpu (with the upstream and Redis), while
   `wrk -t1 -c32` runs on --load-cpu:
   - direct: wrk straight to the upstream; nginx: nginx proxy_pass (upstream keep-alive);
-  - bare: proxy_app.py's Starlette catch-all proxy with aiohttp (no idempotency);
+  - bare: proxy_app.py's Starlette catch-all proxy with the gateway's own upstream client
+    (gateway/upstream.py; no idempotency), the "same client" reference; bare-aiohttp: the
+    same proxy with aiohttp (needs the bench extra), the client the gateway used before;
   - gateway: `python -m gateway run` (uvloop, httptools), one route,
     `key: {header: Idempotency-Key}`, `fingerprint: none` (or --fingerprint default),
     Redis store on db 0; gateway-1m: the same on db 1 (1M records stored); gateway-2w:
-    `run --workers 2` when the CLI has that option; gateway-mem: the memory:// store;
+    `run --workers 2` when the CLI has that option (gateway-3w: 3); gateway-mem: the
+    memory:// store;
 * workloads (the gateway rows; the references see unique keys, which they ignore):
   unique (a new key per request: counter + random prefix per run), same (one key: replays),
   storm (the key changes every 50 requests: with 32 connections, concurrent duplicates),
@@ -30,7 +33,8 @@ a duplicate that waits on another gateway process; Redis memory per stored key f
 response (MEMORY USAGE of sampled records); gateway RSS before and after 200,000 requests;
 a py-spy CPU profile of the unique-key workload (top functions).
 
-Usage (nothing here runs under pytest; `--quick` is a smoke run of about a minute):
+Usage (nothing here runs under pytest; `--quick` is a smoke run of about a minute; the
+reference clients come with `pip install -e '.[test,bench]'`):
 
     .venv/bin/python tests/benchmarks/gateway.py [--duration 8] [--runs 3] [--quick]
         [--only gateway,nginx,bare] [--workloads unique,same] [--extras commands,memory]
@@ -118,6 +122,7 @@ def all_contenders(preload: int) -> list[Contender]:
             "gateway-1m", f"gateway, Redis with {preload:,} keys stored, 1 worker", "gateway", db=1
         ),
         Contender("gateway-2w", "gateway, Redis, 2 workers", "gateway", workers=2),
+        Contender("gateway-3w", "gateway, Redis, 3 workers", "gateway", workers=3),
         Contender("gateway-mem", "gateway, memory://, 1 worker", "gateway", store="memory"),
     ]
 
