@@ -59,20 +59,16 @@ class RequestParts:
     body: bytes
     params: dict[str, str] = field(default_factory=dict)
     _json: Any = field(default=_UNPARSED, init=False, repr=False, compare=False)
-    _headers: dict[str, list[str]] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
     _query: dict[str, list[str]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.method = self.method.upper()
 
     def header_values(self, name: str) -> list[str]:
-        if self._headers is None:
-            self._headers = {}
-            for key, value in self.headers:
-                self._headers.setdefault(key, []).append(value)
-        return self._headers.get(name.lower(), [])
+        # A scan, not a dict built once: a route reads one or two headers, and a
+        # request has a dozen; building the dict cost more than the scans it saves.
+        name = name.lower()
+        return [value for key, value in self.headers if key == name]
 
     def header(self, name: str) -> str | None:
         values = self.header_values(name)

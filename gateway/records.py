@@ -67,9 +67,8 @@ class StoredResponse:
     origin: str = "upstream"
 
     def encode(self) -> bytes:
-        meta = json.dumps(
-            [self.status, self.headers, int(self.body_omitted), self.origin],
-            separators=(",", ":"),
+        meta = _META_ENCODER.encode(
+            [self.status, self.headers, int(self.body_omitted), self.origin]
         ).encode()
         return meta + b"\n" + self.body
 
@@ -84,6 +83,10 @@ class StoredResponse:
             body_omitted=bool(omitted),
             origin=origin,
         )
+
+
+#: json.dumps with separators builds an encoder per call; every completion encodes one.
+_META_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 @dataclass(frozen=True, slots=True)

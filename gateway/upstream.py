@@ -97,11 +97,12 @@ def forwarded_headers(
 
 
 def response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[str, str], ...]:
-    return tuple(
-        (name.decode("latin-1").lower(), value.decode("latin-1"))
-        for name, value in raw
-        if name.decode("latin-1").lower() not in HOP_BY_HOP
-    )
+    out: list[tuple[str, str]] = []
+    for name, value in raw:
+        lowered = name.decode("latin-1").lower()
+        if lowered not in HOP_BY_HOP:
+            out.append((lowered, value.decode("latin-1")))
+    return tuple(out)
 
 
 class BodyTooLarge(Exception):

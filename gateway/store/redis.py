@@ -213,6 +213,11 @@ class RedisStore(Store):
                 connect_timeout=config.connect_timeout,
             )
         self._markers = [self._tag(b) + "m" for b in range(BUCKETS)]
+        # Per bucket: its tag and its index keys, the same for every record in it.
+        self._buckets = [
+            (self._tag(b), [self._tag(b) + "i:" + state for state in _INDEXED])
+            for b in range(BUCKETS)
+        ]
         #: each bucket's marker as last seen; None until Redis first answered
         self._marks: list[bytes | None] | None = None
 
@@ -221,8 +226,8 @@ class RedisStore(Store):
 
     def _keys(self, ref: KeyRef) -> tuple[list[str], list[str]]:
         """The script KEYS and the two ARGV every script starts with."""
-        tag = self._tag(int(ref.digest[:4], 16) % BUCKETS)
-        keys = [tag + ref.digest, *(tag + "i:" + state for state in _INDEXED)]
+        tag, indexes = self._buckets[int(ref.digest[:4], 16) % BUCKETS]
+        keys = [tag + ref.digest, *indexes]
         return keys, [f"{ref.digest}/{ref.route}", tag + "c"]
 
     async def _run(self, name: str, ref: KeyRef, *args: Any) -> Any:
