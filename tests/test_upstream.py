@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
+import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from gateway.errors import NotSent, OutcomeLost
 from gateway.upstream import Upstream
@@ -237,3 +244,66 @@ async def test_refused_is_not_sent(client: Upstream, server: Server) -> None:
     await listener.wait_closed()
     with pytest.raises(NotSent, match="could not connect"):
         await client.forward("POST", f"http://127.0.0.1:{port}/", [], b"", 5, 100)
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    """A certificate for "localhost" that is its own CA, and its key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+async def test_https_upstream_is_verified(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An https upstream: the certificate is checked against the trusted CAs
+    (SSL_CERT_FILE here), and one it does not trust is never sent the request."""
+    cert, key = _self_signed(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0, ssl=context)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        untrusting = Upstream()
+        await untrusting.start()
+        with pytest.raises(NotSent, match="CERTIFICATE_VERIFY_FAILED"):
+            await untrusting.forward("POST", f"https://localhost:{port}/", [], b"x", 5, 100)
+        await untrusting.close()
+        assert server.heads == []
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        trusting = Upstream()
+        await trusting.start()
+        try:
+            for _ in range(2):
+                response = await trusting.forward(
+                    "POST", f"https://localhost:{port}/a", [], b"x", 5, 100
+                )
+                assert (response.status, response.body) == (200, b"ok")
+        finally:
+            await trusting.close()
+    finally:
+        listener.close()
+    assert server.heads[0].startswith(b"POST /a HTTP/1.1\r\nhost: localhost:%d\r\n" % port)
+    assert server.connections == 1  # kept alive over TLS too
