@@ -43,8 +43,8 @@ MUTANTS.append(
     Mutant(
         name="notice-without-response",
         path="gateway/store/lua/complete.lua",
-        old="return redis.call('HGET', R, 'f') .. '\\n' .. ARGV[4]",
-        new="return ''",
+        old="redis.call('SPUBLISH', CHANNEL, MEMBER .. '\\n' .. rec[5] .. '\\n' .. ARGV[4])",
+        new="redis.call('SPUBLISH', CHANNEL, MEMBER)",
         tests=("tests/test_proxy.py::test_waiting_duplicate_costs_one_round_trip",),
         breaks="a duplicate waiting in another gateway reads the record again (2 round trips)",
     )
