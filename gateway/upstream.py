@@ -273,7 +273,8 @@ class _Connection(asyncio.Protocol):
             exchange.error = _Broken(reason, exchange.status)
         if exchange.complete:
             self.exchange = None
-            self.pool.release(self, reusable=exchange.keep_alive)
+            # Bytes after the answer that are not HTTP: the connection is out of step.
+            self.pool.release(self, reusable=exchange.keep_alive and exchange.error is None)
         elif exchange.error is not None:
             exchange.fail(exchange.error)
             self.close()

@@ -307,3 +307,11 @@ async def test_https_upstream_is_verified(
         listener.close()
     assert server.heads[0].startswith(b"POST /a HTTP/1.1\r\nhost: localhost:%d\r\n" % port)
     assert server.connections == 1  # kept alive over TLS too
+
+
+async def test_bytes_after_the_answer_drop_the_connection(server: Server, client: Upstream) -> None:
+    """Junk after a complete answer is not read as the next request's answer."""
+    server.answer = lambda head: OK + b"junk that is not HTTP\r\n\r\n" if b"/junk" in head else OK
+    assert (await client.forward("POST", server.url + "/junk", [], b"", 5, 100)).body == b"ok"
+    assert (await client.forward("POST", server.url + "/next", [], b"", 5, 100)).body == b"ok"
+    assert server.connections == 2
