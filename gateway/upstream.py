@@ -280,7 +280,10 @@ class _Connection(asyncio.Protocol):
             self.close()
 
     def eof_received(self) -> bool:
-        return False  # close the transport: connection_lost follows
+        # The upstream closed its side; connection_lost follows, one callback later.
+        # Out of the pool now: a request written here in between would be lost.
+        self.closed = True
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

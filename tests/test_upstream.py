@@ -44,9 +44,11 @@ class Server:
     connections: int = 0
     port: int = 0
     hold: asyncio.Event = field(default_factory=asyncio.Event)
+    writers: list[asyncio.StreamWriter] = field(default_factory=list)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self.writers.append(writer)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -314,4 +316,20 @@ async def test_bytes_after_the_answer_drop_the_connection(server: Server, client
     server.answer = lambda head: OK + b"junk that is not HTTP\r\n\r\n" if b"/junk" in head else OK
     assert (await client.forward("POST", server.url + "/junk", [], b"", 5, 100)).body == b"ok"
     assert (await client.forward("POST", server.url + "/next", [], b"", 5, 100)).body == b"ok"
+    assert server.connections == 2
+
+
+async def test_connection_the_upstream_closed_while_idle_is_not_used(
+    server: Server, client: Upstream
+) -> None:
+    """A kept-alive connection the upstream closes while it sits in the pool (its own
+    keep-alive timeout) is dropped, not sent the next request: that request would be
+    lost and its key parked for nothing."""
+    first = await client.forward("POST", server.url + "/first", [], b"", 5, 100)
+    assert first.body == b"ok"
+    for writer in server.writers:
+        writer.close()
+    await asyncio.sleep(0.1)  # the upstream closes it; the FIN arrives
+    second = await client.forward("POST", server.url + "/second", [], b"", 5, 100)
+    assert second.body == b"ok"
     assert server.connections == 2
