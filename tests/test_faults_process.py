@@ -36,12 +36,10 @@ import httpx
 import pytest
 import yaml
 
-from gateway.config import StoreConfig
-from gateway.keys import record_digest
-from gateway.records import KeyRef, Record, State
-from gateway.store.redis import RedisStore
+from gateway.records import Record, State
 from tests.conftest import unique, upstream_count
 from tests.support.ledger import Ledger
+from tests.support.records import read_record
 from tests.support.servers import (
     Process,
     RedisServer,
@@ -114,11 +112,7 @@ class Setup:
         return gateway
 
     async def record(self, route: str, key: str) -> Record | None:
-        store = RedisStore(StoreConfig(url=self.redis.url, prefix=self.prefix))
-        try:
-            return await store.get(KeyRef(record_digest(route, "", key), route, key))
-        finally:
-            await store.close()
+        return await read_record(self.redis, self.prefix, route, key)
 
     async def release(self, key: str) -> None:
         async with httpx.AsyncClient() as client:
