@@ -95,9 +95,10 @@ async def test_master_killed_mid_load(
             while time.monotonic() < deadline and sentinel.current_master_port() == old_master:
                 await asyncio.sleep(0.2)
             assert sentinel.current_master_port() != old_master, "no failover happened"
-            # The old master comes back and the sentinels make it the new master's
-            # replica: claims can be confirmed again (wait_for_replicas: 1).
-            sentinel.master.start()
+            # The old master comes back as the new master's replica: claims can be
+            # confirmed again (wait_for_replicas: 1). Not as an empty master: see
+            # restart_as_replica.
+            sentinel.restart_as_replica(sentinel.master)
             recovered = None
             while time.monotonic() < deadline:
                 fresh = [s for s in statuses[-8:] if s[0] > killed_at]

@@ -83,6 +83,15 @@ class SentinelSetup:
         )
         return int(reply.split()[-1])
 
+    def restart_as_replica(self, node: RedisServer) -> None:
+        """Bring a killed node back as a replica of the current master, as an operator
+        must when Redis runs without persistence. Back as an empty master, it can win a
+        second failover and wipe the dataset: seen in this suite, when a sentinel that
+        learned of the switch late marked the new master down and promoted the empty
+        node (Redis's Sentinel docs warn of the same)."""
+        node.args = [*node.args, "--replicaof", "127.0.0.1", str(self.current_master_port())]
+        node.start()
+
     @property
     def nodes(self) -> list[str]:
         return [f"127.0.0.1:{s.port}" for s in self.sentinels]
