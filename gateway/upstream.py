@@ -105,10 +105,6 @@ def response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[str, s
     return tuple(out)
 
 
-class BodyTooLarge(Exception):
-    """The body passed the route's `max_response_body`: the gateway stopped reading."""
-
-
 class _Broken(Exception):
     """How an exchange ended without a whole answer; becomes OutcomeLost."""
 
@@ -548,7 +544,7 @@ def _request_bytes(
         head = text.encode("latin-1")
     except UnicodeEncodeError as exc:
         raise NotSent(f"a header holds a character HTTP cannot carry: {exc}") from None
-    return head + body if len(body) < 65536 else b"".join((head, body))
+    return head + body
 
 
 #: Methods whose requests carry Content-Length even when the body is empty (RFC 9110 8.6).

@@ -385,13 +385,6 @@ def _config(
     }
 
 
-def _wait_for_text(gateway: Process, text: str, count: int, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while gateway.output().count(text) < count:
-        assert time.monotonic() < deadline, f"{text!r} never logged {count}x:\n{gateway.output()}"
-        time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
 def secrets_scenario(
     upstream: Process, tmp_path_factory: pytest.TempPathFactory
@@ -464,7 +457,7 @@ def secrets_scenario(
             broken["store"]["password"] = NUMBER_SECRET + 1
             path.write_text(yaml.safe_dump(broken))
             gateway.signal(signal.SIGHUP)
-            _wait_for_text(gateway, "config reload rejected", 1)
+            gateway.wait_for_output("config reload rejected", 1)
             for rejected, url in enumerate(
                 (
                     f"redsi://:{REDIS_PASSWORD}@127.0.0.1:{redis.port}/0",
@@ -478,7 +471,7 @@ def secrets_scenario(
                 gateway.signal(signal.SIGHUP)
                 # One reload at a time: the next write truncates the file, and a reload
                 # still reading it would see an empty file (and signals may coalesce).
-                _wait_for_text(gateway, "config reload rejected", rejected)
+                gateway.wait_for_output("config reload rejected", rejected)
             bad += 4
             faults += 4
             deadline = time.monotonic() + 15

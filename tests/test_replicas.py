@@ -168,14 +168,6 @@ def test_memory_store_refuses_several_workers(tmp_path: Path, upstream: Process)
     )
 
 
-async def _logged(gateway: Process, text: str, timeout: float = 15) -> None:
-    """Wait for the gateway to log text: a reload runs after the signal arrives, not at once."""
-    deadline = time.monotonic() + timeout
-    while text not in gateway.output():
-        assert time.monotonic() < deadline, f"{text!r} never logged:\n{gateway.output()}"
-        await asyncio.sleep(0.05)
-
-
 async def test_sighup_reloads_routes_and_rejects_bad_config(
     tmp_path: Path, upstream: Process, redis_server: RedisServer
 ) -> None:
@@ -203,12 +195,12 @@ async def test_sighup_reloads_routes_and_rejects_bad_config(
             )
             path.write_text(yaml.safe_dump(config))
             gateway.signal(signal.SIGHUP)
-            await _logged(gateway, "config reloaded")
+            await asyncio.to_thread(gateway.wait_for_output, "config reloaded")
             assert (await slow).status_code == 200  # in flight during the reload: finished
             assert (await client.post("/jobs/other", json={"job_key": unique()})).status_code == 200
             path.write_text("routes: [{name: broken}]\n")
             gateway.signal(signal.SIGHUP)
-            await _logged(gateway, "config reload rejected")
+            await asyncio.to_thread(gateway.wait_for_output, "config reload rejected")
             assert (await client.post("/jobs/other", json={"job_key": unique()})).status_code == 200
         output = gateway.output()
         assert "config reloaded" in output

@@ -19,15 +19,10 @@ from gateway.records import KeyRef, State
 from gateway.store.redis import RedisStore
 from gateway.store.resp import Endpoint, RespConnection, RespConnectionError, RespError
 from tests.conftest import unique
+from tests.support.loops import anyio_backend  # noqa: F401  (uvloop and asyncio)
 from tests.support.servers import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"), "asyncio"])
-def anyio_backend(request: pytest.FixtureRequest) -> object:
-    # The gateway runs on uvloop, whose transports differ from asyncio's: test both.
-    return request.param
 
 
 def connection(port: int, **login: str | int) -> RespConnection:

@@ -22,16 +22,11 @@ from cryptography.x509.oid import NameOID
 
 from gateway.errors import NotSent, OutcomeLost
 from gateway.upstream import Upstream
+from tests.support.loops import anyio_backend  # noqa: F401  (uvloop and asyncio)
 
 pytestmark = pytest.mark.anyio
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
-
-
-@pytest.fixture(params=[pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"), "asyncio"])
-def anyio_backend(request: pytest.FixtureRequest) -> object:
-    # The gateway runs on uvloop, whose transports differ from asyncio's: test both.
-    return request.param
 
 
 @dataclass

@@ -197,7 +197,12 @@ class RedisStore(Store):
         self._scripts: dict[str, AsyncScript] = {
             name: self.client.register_script(_script_source(name)) for name in _SCRIPTS
         }
-        self._channels = [self._tag(b) + "c" for b in range(BUCKETS)]
+        # Each bucket's names, built once: its hash tag, and the channel, marker and
+        # state indexes under it (the same for every record in the bucket).
+        self._tags = [f"{self.prefix}{{{b:02x}}}:" for b in range(BUCKETS)]
+        self._channels = [tag + "c" for tag in self._tags]
+        self._markers = [tag + "m" for tag in self._tags]
+        self._indexes = [[tag + "i:" + state for state in _INDEXED] for tag in self._tags]
         self._listener: asyncio.Task[None] | None = None
         self._closing = False
         #: Set while the notification subscribers are up (tests wait on it).
@@ -212,23 +217,14 @@ class RedisStore(Store):
                 timeout=config.socket_timeout,
                 connect_timeout=config.connect_timeout,
             )
-        self._markers = [self._tag(b) + "m" for b in range(BUCKETS)]
-        # Per bucket: its tag and its index keys, the same for every record in it.
-        self._buckets = [
-            (self._tag(b), [self._tag(b) + "i:" + state for state in _INDEXED])
-            for b in range(BUCKETS)
-        ]
         #: each bucket's marker as last seen; None until Redis first answered
         self._marks: list[bytes | None] | None = None
 
-    def _tag(self, bucket: int) -> str:
-        return f"{self.prefix}{{{bucket:02x}}}:"
-
     def _keys(self, ref: KeyRef) -> tuple[list[str], list[str]]:
         """The script KEYS and the two ARGV every script starts with."""
-        tag, indexes = self._buckets[int(ref.digest[:4], 16) % BUCKETS]
-        keys = [tag + ref.digest, *indexes]
-        return keys, [f"{ref.digest}/{ref.route}", tag + "c"]
+        bucket = int(ref.digest[:4], 16) % BUCKETS
+        keys = [self._tags[bucket] + ref.digest, *self._indexes[bucket]]
+        return keys, [f"{ref.digest}/{ref.route}", self._channels[bucket]]
 
     async def _run(self, name: str, ref: KeyRef, *args: Any) -> Any:
         keys, head = self._keys(ref)
@@ -396,7 +392,7 @@ class RedisStore(Store):
             seconds, micros = await self.client.time()
             async with self.client.pipeline(transaction=False) as pipe:
                 for digest in digests:
-                    pipe.hgetall(self._tag(int(digest[:4], 16) % BUCKETS) + digest)
+                    pipe.hgetall(self._tags[int(digest[:4], 16) % BUCKETS] + digest)
                 replies = await pipe.execute()
         except RedisError as exc:
             raise StoreError(f"redis read failed: {exc}") from exc
@@ -413,7 +409,7 @@ class RedisStore(Store):
         try:
             async with self.client.pipeline(transaction=False) as pipe:
                 for bucket in range(BUCKETS):
-                    pipe.zrangebyscore(self._tag(bucket) + "i:" + index, "-inf", max_score)
+                    pipe.zrangebyscore(self._tags[bucket] + "i:" + index, "-inf", max_score)
                 replies = await pipe.execute()
         except RedisError as exc:
             raise StoreError(f"redis index read failed: {exc}") from exc

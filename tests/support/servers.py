@@ -84,6 +84,14 @@ class Process:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def wait_for_output(self, text: str, count: int = 1, timeout: float = 15) -> None:
+        """Wait (bounded) until the process has written `text` `count` times: what it
+        does after a signal, for example, it does when it gets to it."""
+        deadline = time.monotonic() + timeout
+        while self.output().count(text) < count:
+            assert time.monotonic() < deadline, f"{text!r} never logged {count}x:\n{self.output()}"
+            time.sleep(0.05)
+
     def signal(self, sig: int) -> None:
         assert self.proc is not None
         self.proc.send_signal(sig)
