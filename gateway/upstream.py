@@ -218,6 +218,14 @@ class _Exchange:
                 )
             )
 
+    def forget_parser(self) -> None:
+        """Called once the connection is done with this exchange. The parser holds
+        the exchange's bound methods and the exchange holds the parser: a reference
+        cycle that only the garbage collector would free, with the response and its
+        future in it. Gen-0 collections of those cost about 8% of the gateway's CPU."""
+        with contextlib.suppress(AttributeError):  # forgotten already
+            del self.parser
+
     def fail(self, error: _Broken) -> None:
         if not self.future.done():
             self.future.set_exception(error)
@@ -269,6 +277,7 @@ class _Connection(asyncio.Protocol):
             exchange.error = _Broken(reason, exchange.status)
         if exchange.complete:
             self.exchange = None
+            exchange.forget_parser()
             # Bytes after the answer that are not HTTP: the connection is out of step.
             self.pool.release(self, reusable=exchange.keep_alive and exchange.error is None)
         elif exchange.error is not None:
@@ -286,6 +295,7 @@ class _Connection(asyncio.Protocol):
         exchange, self.exchange = self.exchange, None
         if exchange is not None:
             exchange.connection_lost(exc)
+            exchange.forget_parser()
         self.pool.lost(self)
 
     def close(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import gzip
 import json
 from collections.abc import Callable
@@ -409,6 +410,36 @@ async def test_route_without_key_passes_through(gateway_for: Build, upstream: Pr
     b = await gw.post("/jobs/plain", json={"job_key": "same"})
     assert "idempotent-replayed" not in b.headers
     assert b.json()["run"] == a.json()["run"] + 1
+
+
+async def test_requests_leave_no_reference_cycles(gateway_for: Build, upstream: Process) -> None:
+    """What a request allocates is freed when it ends, by reference counting. A cycle
+    per request (the upstream client's parser and its exchange, once) left the
+    collector a pile to walk: about 8% of the gateway's CPU, measured."""
+    gw = await gateway_for([route(), {"name": "plain", "match": {"path": "/jobs/plain"}}])
+    repeat = {"job_key": unique()}
+    assert (await gw.post("/jobs/send-reminder", json=repeat)).status_code == 200  # warm
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # the collector keeps what it finds, to look at
+    try:
+        for _ in range(3):
+            first = await gw.post("/jobs/send-reminder", json={"job_key": unique()})
+            assert first.status_code == 200
+        replay = await gw.post("/jobs/send-reminder", json=repeat)
+        assert replay.headers["idempotent-replayed"] == "true"
+        assert (await gw.post("/jobs/plain", json={})).status_code == 200
+        gc.collect()
+        # The test's own HTTP client (httpx over ASGI) is not the gateway: only
+        # objects of the gateway's modules count.
+        cyclic = sorted(
+            {type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("gateway")}
+        )
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert cyclic == []
 
 
 async def test_no_route_is_404_problem(gateway_for: Build) -> None:
