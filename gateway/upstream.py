@@ -523,6 +523,7 @@ class Upstream:
             if not exchange.complete:
                 connection.exchange = None
                 connection.close()  # an exchange cut short leaves the connection unusable
+                exchange.forget_parser()
 
 
 def _expire(future: asyncio.Future[UpstreamResponse]) -> None:
