@@ -6,6 +6,8 @@ FAULTS = "tests/test_faults_process.py"
 EACH_POINT = f"{FAULTS}::test_gateway_sigkill_at_each_point_of_a_request"
 REDIS_NONE = f"{FAULTS}::test_redis_sigkill_and_restart_mid_load[none]"
 REDIS_AOF = f"{FAULTS}::test_redis_sigkill_and_restart_mid_load[aof-always]"
+STORM = f"{FAULTS}::test_gateway_sigkill_at_random_points_of_a_storm"
+CRASHES = "tests/test_crashes.py"
 
 MUTANTS = [
     Mutant(
@@ -59,5 +61,47 @@ MUTANTS = [
         tests=(f"{FAULTS}::test_redis_sigkill_and_restart_mid_load[aof-always]",),
         breaks="the marker expires by itself: every replica cries 'store reset' though "
         "nothing was lost",
+    ),
+    # The same break as lease-expiry-frees, each caught by another test on its own.
+    Mutant(
+        name="storm-kill-lease-frees",
+        path="gateway/store/lua/_lib.lua",
+        old="  if policy == 'release' then\n",
+        new="  if true then\n",
+        tests=(STORM,),
+        breaks="keys a killed gateway held in a storm are freed when their leases run out: "
+        "the next round's repeats run them again",
+    ),
+    Mutant(
+        name="restart-lease-frees",
+        path="gateway/store/lua/_lib.lua",
+        old="  if policy == 'release' then\n",
+        new="  if true then\n",
+        tests=(
+            f"{CRASHES}::test_sigkill_mid_request_then_new_gateway[reconcile]",
+            f"{CRASHES}::test_sigkill_mid_request_then_new_gateway[park]",
+        ),
+        breaks="the gateway started after a SIGKILL frees the dead one's key when its lease "
+        "runs out, though the upstream had the request",
+    ),
+    Mutant(
+        name="shutdown-releases-in-flight",
+        path="gateway/engine.py",
+        old="                await self._unknown(route, ref, run_id, reason)\n"
+        "                raise OutcomeUnknown(reason, route=route.name, key=ref.key) from None\n",
+        new="                await self._release(route, ref, run_id, reason)\n"
+        "                raise OutcomeUnknown(reason, route=route.name, key=ref.key) from None\n",
+        tests=(f"{CRASHES}::test_sigterm_past_grace_marks_in_flight_unresolved",),
+        breaks="a SIGTERM past the grace frees the keys of forwards still out: their "
+        "repeats run again, though the upstream may have done the work",
+    ),
+    Mutant(
+        name="shutdown-without-grace",
+        path="gateway/engine.py",
+        old="await asyncio.wait(set(self.tasks), timeout=grace)",
+        new="await asyncio.wait(set(self.tasks), timeout=0)",
+        tests=(f"{CRASHES}::test_sigterm_lets_short_requests_finish",),
+        breaks="a SIGTERM cuts off forwards that would finish within the grace: their "
+        "callers get 504 and their keys need a check",
     ),
 ]

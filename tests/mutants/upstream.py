@@ -133,4 +133,36 @@ MUTANTS = [
         ),
         breaks="a skewed gateway's leases end minutes early (healthy keys parked) or late",
     ),
+    Mutant(
+        name="trickle-deadline-not-sent",
+        path="gateway/upstream.py",
+        old=(
+            "            raise OutcomeLost(\n"
+            '                f"no complete answer within {deadline:g}s{_after(exchange.status)}",\n'
+            "                exchange.status,\n"
+            "            ) from None\n"
+        ),
+        new='            raise NotSent(f"no complete answer within {deadline:g}s") from None\n',
+        tests=(f"{FAULTS}::test_endless_trickle_ends_at_the_deadline_and_stays_open",),
+        breaks="a body that never ends, cut off at the deadline, counts as never sent: the "
+        "key is freed and the repeat runs it again",
+    ),
+    Mutant(
+        name="reconcile-done-releases",
+        path="gateway/reconcile.py",
+        old='            return "done", {"status": response.status}',
+        new='            return "not_done", {"status": response.status}',
+        tests=(f"{FAULTS}::test_slow_upstream_reconciled_once_it_finished",),
+        breaks="the upstream's status says the slow request ran, and the key is released "
+        "anyway: the repeat runs it a second time",
+    ),
+    Mutant(
+        name="oversized-response-stored",
+        path="gateway/engine.py",
+        old="if len(response.body) > route.max_stored_body:",
+        new="if False:",
+        tests=(f"{FAULTS}::test_response_larger_than_max_stored_body",),
+        breaks="a response over max_stored_body is stored whole: Redis memory grows with "
+        "every large answer, past the limit the route set",
+    ),
 ]
