@@ -1,5 +1,7 @@
 """Process faults: builds that lose or free keys when a gateway or Redis dies."""
 
+from dataclasses import replace
+
 from tests.mutants import Mutant
 
 FAULTS = "tests/test_faults_process.py"
@@ -9,16 +11,18 @@ REDIS_AOF = f"{FAULTS}::test_redis_sigkill_and_restart_mid_load[aof-always]"
 STORM = f"{FAULTS}::test_gateway_sigkill_at_random_points_of_a_storm"
 CRASHES = "tests/test_crashes.py"
 
+LEASE_EXPIRY_FREES = Mutant(
+    name="lease-expiry-frees",
+    path="gateway/store/lua/_lib.lua",
+    old="  if policy == 'release' then\n",
+    new="  if true then\n",
+    tests=(EACH_POINT,),
+    breaks="a dead gateway's key is freed when its lease runs out, though the work may "
+    "have run: a repeat runs it again",
+)
+
 MUTANTS = [
-    Mutant(
-        name="lease-expiry-frees",
-        path="gateway/store/lua/_lib.lua",
-        old="  if policy == 'release' then\n",
-        new="  if true then\n",
-        tests=(EACH_POINT,),
-        breaks="a dead gateway's key is freed when its lease runs out, though the work may "
-        "have run: a repeat runs it again",
-    ),
+    LEASE_EXPIRY_FREES,
     Mutant(
         name="claim-not-persisted",
         path="gateway/store/lua/claim.lua",
@@ -62,21 +66,17 @@ MUTANTS = [
         breaks="the marker expires by itself: every replica cries 'store reset' though "
         "nothing was lost",
     ),
-    # The same break as lease-expiry-frees, each caught by another test on its own.
-    Mutant(
+    # The same break, each caught by another test on its own.
+    replace(
+        LEASE_EXPIRY_FREES,
         name="storm-kill-lease-frees",
-        path="gateway/store/lua/_lib.lua",
-        old="  if policy == 'release' then\n",
-        new="  if true then\n",
         tests=(STORM,),
         breaks="keys a killed gateway held in a storm are freed when their leases run out: "
         "the next round's repeats run them again",
     ),
-    Mutant(
+    replace(
+        LEASE_EXPIRY_FREES,
         name="restart-lease-frees",
-        path="gateway/store/lua/_lib.lua",
-        old="  if policy == 'release' then\n",
-        new="  if true then\n",
         tests=(
             f"{CRASHES}::test_sigkill_mid_request_then_new_gateway[reconcile]",
             f"{CRASHES}::test_sigkill_mid_request_then_new_gateway[park]",

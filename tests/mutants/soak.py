@@ -6,6 +6,15 @@ from tests.mutants import Mutant
 SOAK = "tests/test_soak.py::test_soak_mixed_traffic_with_faults"
 ISOLATION = "tests/test_isolation.py"
 
+RECONCILE_DONE_RERUNS = Mutant(
+    name="reconcile-done-reruns",
+    path="gateway/reconcile.py",
+    old='            return "done", {"status": response.status}',
+    new='            return "not_done", {"status": response.status}',
+    tests=(SOAK,),
+    breaks="a status check that says the work ran releases the key, so it runs again",
+)
+
 MUTANTS = [
     Mutant(
         name="claim-while-in-flight",
@@ -31,14 +40,7 @@ MUTANTS = [
         tests=(SOAK,),
         breaks="a killed gateway's in-flight key is released blind when its lease runs out",
     ),
-    Mutant(
-        name="reconcile-done-reruns",
-        path="gateway/reconcile.py",
-        old='            return "done", {"status": response.status}',
-        new='            return "not_done", {"status": response.status}',
-        tests=(SOAK,),
-        breaks="a status check that says the work ran releases the key, so it runs again",
-    ),
+    RECONCILE_DONE_RERUNS,
     Mutant(
         name="scope-ignored",
         path="gateway/engine.py",

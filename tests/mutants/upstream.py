@@ -1,11 +1,28 @@
 """Broken builds for upstream faults and clock skew (tests/test_upstream_faults.py,
 tests/test_clock.py)."""
 
+from dataclasses import replace
+
 from tests.mutants import Mutant
+from tests.mutants.soak import RECONCILE_DONE_RERUNS
 
 FAULTS = "tests/test_upstream_faults.py"
 CLIENT = "tests/test_upstream.py"
 CLOCK = "tests/test_clock.py"
+
+TIMEOUT_NOT_SENT = Mutant(
+    name="timeout-not-sent",
+    path="gateway/upstream.py",
+    old=(
+        "            raise OutcomeLost(\n"
+        '                f"no complete answer within {deadline:g}s{_after(exchange.status)}",\n'
+        "                exchange.status,\n"
+        "            ) from None\n"
+    ),
+    new='            raise NotSent(f"no complete answer within {deadline:g}s") from None\n',
+    tests=(f"{FAULTS}::test_slow_upstream_past_timeout_is_parked_never_resent",),
+    breaks="a request past its deadline counts as never sent: the repeat runs it again",
+)
 
 MUTANTS = [
     Mutant(
@@ -57,19 +74,7 @@ MUTANTS = [
         tests=(f"{FAULTS}::test_broken_answer_is_never_resent[half_headers-POST]",),
         breaks="a status line without its headers or body is taken for a complete answer",
     ),
-    Mutant(
-        name="timeout-not-sent",
-        path="gateway/upstream.py",
-        old=(
-            "            raise OutcomeLost(\n"
-            '                f"no complete answer within {deadline:g}s{_after(exchange.status)}",\n'
-            "                exchange.status,\n"
-            "            ) from None\n"
-        ),
-        new='            raise NotSent(f"no complete answer within {deadline:g}s") from None\n',
-        tests=(f"{FAULTS}::test_slow_upstream_past_timeout_is_parked_never_resent",),
-        breaks="a request past its deadline counts as never sent: the repeat runs it again",
-    ),
+    TIMEOUT_NOT_SENT,
     Mutant(
         name="refused-unknown",
         path="gateway/upstream.py",
@@ -133,25 +138,16 @@ MUTANTS = [
         ),
         breaks="a skewed gateway's leases end minutes early (healthy keys parked) or late",
     ),
-    Mutant(
+    replace(
+        TIMEOUT_NOT_SENT,
         name="trickle-deadline-not-sent",
-        path="gateway/upstream.py",
-        old=(
-            "            raise OutcomeLost(\n"
-            '                f"no complete answer within {deadline:g}s{_after(exchange.status)}",\n'
-            "                exchange.status,\n"
-            "            ) from None\n"
-        ),
-        new='            raise NotSent(f"no complete answer within {deadline:g}s") from None\n',
         tests=(f"{FAULTS}::test_endless_trickle_ends_at_the_deadline_and_stays_open",),
         breaks="a body that never ends, cut off at the deadline, counts as never sent: the "
         "key is freed and the repeat runs it again",
     ),
-    Mutant(
+    replace(
+        RECONCILE_DONE_RERUNS,
         name="reconcile-done-releases",
-        path="gateway/reconcile.py",
-        old='            return "done", {"status": response.status}',
-        new='            return "not_done", {"status": response.status}',
         tests=(f"{FAULTS}::test_slow_upstream_reconciled_once_it_finished",),
         breaks="the upstream's status says the slow request ran, and the key is released "
         "anyway: the repeat runs it a second time",
