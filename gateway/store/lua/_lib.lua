@@ -43,11 +43,15 @@ local function move(from, to, now, score, notice)
   notify(notice)
 end
 
+-- Fields of a run still open: its lease, a check's lock, an operator's hold. A
+-- settled record drops them (settle() here, and complete.lua, which inlines it).
+local OPEN_RUN_FIELDS = {'l', 'ck', 'op', 'os'}
+
 -- Completed records expire; released ones stay as tombstones (for their history)
 -- until the ttl, and the next claim takes over from them.
 local function settle(from, to, now, ttl_ms, notice)
   move(from, to, now, nil, notice)
-  redis.call('HDEL', R, 'l', 'ck', 'op', 'os')
+  redis.call('HDEL', R, unpack(OPEN_RUN_FIELDS))
   redis.call('PEXPIRE', R, ttl_ms)
 end
 

@@ -14,7 +14,7 @@ if state == 'unresolved' or rec[3] then
 end
 redis.call('ZREM', INDEX[state], MEMBER)
 redis.call('HSET', R, 'resp', ARGV[4], 's', 'completed', 'u', now)
-redis.call('HDEL', R, 'why', 'l', 'ck', 'op', 'os')
+redis.call('HDEL', R, 'why', unpack(OPEN_RUN_FIELDS))
 redis.call('PEXPIRE', R, ARGV[5])
 if rec[4] then  -- someone waits (see notify): the notice carries the response
   redis.call('SPUBLISH', CHANNEL, MEMBER .. '\n' .. rec[5] .. '\n' .. ARGV[4])
