@@ -222,7 +222,7 @@ class RedisStore(Store):
 
     def _keys(self, ref: KeyRef) -> tuple[list[str], list[str]]:
         """The script KEYS and the two ARGV every script starts with."""
-        bucket = int(ref.digest[:4], 16) % BUCKETS
+        bucket = _bucket(ref.digest)
         keys = [self._tags[bucket] + ref.digest, *self._indexes[bucket]]
         return keys, [f"{ref.digest}/{ref.route}", self._channels[bucket]]
 
@@ -392,7 +392,7 @@ class RedisStore(Store):
             seconds, micros = await self.client.time()
             async with self.client.pipeline(transaction=False) as pipe:
                 for digest in digests:
-                    pipe.hgetall(self._tags[int(digest[:4], 16) % BUCKETS] + digest)
+                    pipe.hgetall(self._tags[_bucket(digest)] + digest)
                 replies = await pipe.execute()
         except RedisError as exc:
             raise StoreError(f"redis read failed: {exc}") from exc
@@ -589,6 +589,11 @@ def _text(value: bytes | str | None) -> str:
     if value is None:
         return ""
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _bucket(digest: str) -> int:
+    """The bucket (hash tag) a record lives under, from its digest."""
+    return int(digest[:4], 16) % BUCKETS
 
 
 def _ms(seconds: float) -> int:
