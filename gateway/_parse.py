@@ -8,6 +8,7 @@ can stay a readable description of the settings without an import cycle.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import math
 import re
@@ -674,6 +675,28 @@ def size_value(value: object, path: str, issues: Issues) -> Any:
     except ValueError as exc:
         issues.add(path, str(exc))
         return INVALID
+
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def network_list(value: object, path: str, issues: Issues) -> Any:
+    """Addresses or CIDR blocks: `127.0.0.1`, `10.0.0.0/8`, `::1`."""
+    items = issues.items_of([] if value is None else value, path, '["127.0.0.1", "10.0.0.0/8"]')
+    if items is None:
+        return INVALID
+    out: list[IPNetwork] = []
+    for i, item in enumerate(items):
+        try:
+            out.append(ipaddress.ip_network(str(item).strip(), strict=False))
+        except ValueError:
+            issues.add(
+                f"{path}[{i}]",
+                f"{show(item)} is not an IP address or CIDR block; write e.g. "
+                '"127.0.0.1", "10.0.0.0/8" or "::1"',
+            )
+            return INVALID
+    return tuple(out)
 
 
 def route_name(value: object, path: str, issues: Issues) -> str | None:

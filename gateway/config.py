@@ -18,6 +18,7 @@ import yaml
 
 from gateway._parse import (
     INVALID,
+    IPNetwork,
     Issues,
     UniqueKeyLoader,
     check_listen_clash,
@@ -37,6 +38,7 @@ from gateway._parse import (
     kind,
     listen_address,
     method_set,
+    network_list,
     parse_listen,
     parse_path_pattern,
     parse_status_set,
@@ -158,6 +160,24 @@ class ServerConfig:
     max_header_bytes: int = 16 * 1024
     access_log: bool = True
     log_format: Literal["auto", "json", "text"] = "auto"  # auto: text on a terminal
+    #: addresses whose X-Forwarded-*/Forwarded/X-Real-IP are believed (default: none)
+    trusted_proxies: tuple[IPNetwork, ...] = ()
+    #: deadline for a whole request head, from its first byte (or the connection's start)
+    header_timeout: float = 20.0
+    #: the longest a request body may go without a byte arriving
+    body_timeout: float = 20.0
+    #: the longest a response write may wait for a caller that stopped reading
+    write_timeout: float = 30.0
+    #: an idle kept-alive caller connection is closed after this long (nginx: 75 s)
+    keep_alive: float = 75.0
+    #: open caller connections per process; more wait in the listen backlog
+    max_connections: int = 1024
+    #: an idle upstream connection is retired after this long: below common upstream
+    #: keep-alive timeouts (gunicorn 2 s, uvicorn and node 5 s), so the gateway lets go
+    #: of a connection before the upstream closes it under a request
+    upstream_keep_alive: float = 1.0
+    #: response bytes the process holds in memory at once, over all requests
+    max_buffered_responses: int = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +215,12 @@ class StoreConfig:
     encryption_key: bytes = field(default=b"", repr=False)
     #: older keys that still open responses they sealed, after a rotation
     previous_encryption_keys: tuple[bytes, ...] = field(default=(), repr=False)
+    #: with an encryption key set, still read responses stored unencrypted (a
+    #: migration setting: turn it off once the longest response_ttl has passed)
+    read_unencrypted: bool = False
+    #: start and report ready even if Redis may evict keys (maxmemory-policy other
+    #: than noeviction): an evicted record is a key that runs again
+    allow_eviction: bool = False
 
     @property
     def kind(self) -> str:
@@ -316,8 +342,16 @@ def _listen_text(section: object, default: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+_SERVER_DURATIONS = (
+    "header_timeout", "body_timeout", "write_timeout", "keep_alive", "upstream_keep_alive",
+)  # fmt: skip
+
+
 def _server(value: object, issues: Issues) -> ServerConfig | None:
-    names = ("listen", "shutdown_grace", "max_header_bytes", "access_log", "log_format")
+    names = (
+        "listen", "shutdown_grace", "max_header_bytes", "access_log", "log_format",
+        "trusted_proxies", "max_connections", "max_buffered_responses", *_SERVER_DURATIONS,
+    )  # fmt: skip
     raw = section(value, "server", issues, names)
     if raw is None:
         return None
@@ -331,6 +365,20 @@ def _server(value: object, issues: Issues) -> ServerConfig | None:
     if "max_header_bytes" in raw:
         kwargs["max_header_bytes"] = size_value(
             raw["max_header_bytes"], "server.max_header_bytes", issues
+        )
+    for name in _SERVER_DURATIONS:
+        if name in raw:
+            kwargs[name] = duration_value(raw[name], f"server.{name}", issues)
+    if "max_connections" in raw:
+        number = issues.integer(raw["max_connections"], "server.max_connections", 1, 1_000_000)
+        kwargs["max_connections"] = INVALID if number is None else number
+    if "max_buffered_responses" in raw:
+        kwargs["max_buffered_responses"] = size_value(
+            raw["max_buffered_responses"], "server.max_buffered_responses", issues
+        )
+    if "trusted_proxies" in raw:
+        kwargs["trusted_proxies"] = network_list(
+            raw["trusted_proxies"], "server.trusted_proxies", issues
         )
     if "access_log" in raw:
         enabled = issues.boolean(raw["access_log"], "server.access_log")
@@ -362,7 +410,7 @@ def _store(value: object, issues: Issues) -> StoreConfig | None:
     names = (
         "url", "prefix", "socket_timeout", "connect_timeout", "max_connections",
         "username", "password", "tls", "sentinel", "cluster", "wait_for_replicas",
-        "encryption_key", "previous_encryption_keys",
+        "encryption_key", "previous_encryption_keys", "read_unencrypted", "allow_eviction",
     )  # fmt: skip
     raw = section(value, "store", issues, names)
     if raw is None:
@@ -387,6 +435,10 @@ def _store(value: object, issues: Issues) -> StoreConfig | None:
     if "wait_for_replicas" in raw:
         number = issues.integer(raw["wait_for_replicas"], "store.wait_for_replicas", 0, 16)
         kwargs["wait_for_replicas"] = INVALID if number is None else number
+    for name in ("read_unencrypted", "allow_eviction"):
+        if name in raw:
+            enabled = issues.boolean(raw[name], f"store.{name}")
+            kwargs[name] = INVALID if enabled is None else enabled
     if "tls" in raw:
         kwargs["tls"] = _tls(raw["tls"], issues)
     if "sentinel" in raw:
@@ -959,6 +1011,14 @@ def describe(config: Config) -> str:
         f"config: {config.source}",
         f"server: listen {server.listen}; shutdown grace {format_duration(server.shutdown_grace)}"
         f"; max header size {format_size(server.max_header_bytes)}",
+        f"server limits: header timeout {format_duration(server.header_timeout)}; body timeout "
+        f"{format_duration(server.body_timeout)}; write timeout "
+        f"{format_duration(server.write_timeout)}; keep-alive {format_duration(server.keep_alive)}"
+        f"; {server.max_connections} connections; upstream keep-alive "
+        f"{format_duration(server.upstream_keep_alive)}; buffered responses up to "
+        f"{format_size(server.max_buffered_responses)}",
+        "trusted proxies: "
+        + (", ".join(str(n) for n in server.trusted_proxies) or "none (X-Forwarded-* replaced)"),
         f"admin: listen {admin.listen}; {api}",
         f"store: {_store_where(store)}; prefix {show(store.prefix)}; socket timeout "
         f"{format_duration(store.socket_timeout)}; connect timeout "
