@@ -314,10 +314,9 @@ def _paths(scope: Scope) -> tuple[str, str]:
         raw = quote(path, safe="/%:@!$&'()*+,;=~")
     else:
         raw = raw_bytes.decode("latin-1")
-    if "." in raw or "%" in raw:
-        normal = remove_dot_segments(raw)
-        if normal != raw:
-            raw, path = normal, unquote(normal)
+    normal = remove_dot_segments(raw)
+    if normal is not raw:
+        raw, path = normal, unquote(normal)
     if "\ufffd" in path:
         try:
             unquote_to_bytes(raw).decode("utf-8")

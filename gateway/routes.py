@@ -34,8 +34,8 @@ def remove_dot_segments(path: str) -> str:
     """RFC 3986 5.2.4 on an absolute path still percent-encoded: `.` segments go,
     `..` ones take the segment before with them, and none climbs above the root
     (/../x is /x). Every other segment is kept byte for byte. A path that cannot hold
-    a dot-segment (no `.`, no `%`) comes back as it is, without a split."""
-    if not path.startswith("/") or ("." not in path and "%" not in path):
+    a dot-segment (none starts with `.` or `%`) is returned as it is, without a split."""
+    if not path.startswith("/") or ("/." not in path and "/%" not in path):
         return path
     segments = path[1:].split("/")
     out: list[str] = []

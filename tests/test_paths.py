@@ -91,7 +91,7 @@ def test_percent_encoded_dots_are_dots() -> None:
 
 def test_untouched_paths_are_the_same_object() -> None:
     """The fast path: nothing to remove, no new string."""
-    for path in ("/jobs/send-reminder", "/a.b/c.d", "/x%20y", "/v1.2/../"[:5]):
+    for path in ("/jobs/send-reminder", "/a.b/c.d", "/x%20y", "/v1.2/x", "/a/b..", "/a/x%2e"):
         assert remove_dot_segments(path) is path
 
 
