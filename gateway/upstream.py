@@ -168,10 +168,12 @@ def forwarded_headers(
     hop); other claims pass as sent. Each goes upstream as exactly one line.
     """
     trusted = client in proxies
-    named: set[str] = set()
-    for name, value in headers:
-        if name == "connection":
-            named.update(token.strip().lower() for token in value.split(","))
+    named = {
+        token.strip().lower()
+        for name, value in headers
+        if name == "connection"
+        for token in value.split(",")
+    }
     out: list[tuple[str, str]] = []
     host = ""
     chain: list[str] = []
