@@ -493,3 +493,20 @@ def test_http_1_0_without_host_is_forwarded_without_forwarded_host(plain_gateway
         raw_request("/jobs/x", ["Host: a", "Host: b"], version="HTTP/1.0", key=unique())
     )
     assert two.status == 400 and two.problem()["type"] == PROBLEMS + "bad-host"
+
+
+def test_a_second_host_line_in_a_later_packet_is_refused_too(plain_gateway: Gateway) -> None:
+    """The check runs on the whole head, however it was cut into packets."""
+    key = unique()
+    data = raw_request("/jobs/x", ["Host: gateway.test", "Host: evil.example"], key=key)
+    cut = data.index(b"Host: evil")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", plain_gateway.port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for piece in (data[: cut + 3], data[cut + 3 : cut + 9], data[cut + 9 :]):
+            sock.sendall(piece)
+            time.sleep(0.05)
+        answer = read_response(sock, 10)
+    assert answer.status == 400 and answer.problem()["type"] == PROBLEMS + "bad-host"
+    assert plain_gateway.count(key) == 0
