@@ -50,7 +50,13 @@ from gateway.routes import RouteMatch
 if TYPE_CHECKING:
     from gateway.reconcile import Reconciler
 from gateway.store.base import EXPIRED_POLICY, Store
-from gateway.upstream import Upstream, UpstreamResponse, forwarded_headers
+from gateway.upstream import (
+    NO_PROXIES,
+    TrustedProxies,
+    Upstream,
+    UpstreamResponse,
+    forwarded_headers,
+)
 
 log = logging.getLogger("gateway.engine")
 
@@ -70,10 +76,11 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """Where the request came from, for X-Forwarded-*."""
+    """Where the request came from, for X-Forwarded-* and Forwarded."""
 
-    client: str | None
+    client: str | None  # the immediate peer's address
     scheme: str
+    proxies: TrustedProxies = NO_PROXIES  # server.trusted_proxies
 
 
 @dataclass(slots=True)
@@ -353,7 +360,7 @@ class Engine:
     async def _forward(
         self, route: Route, parts: RequestParts, origin: Origin, key: str | None
     ) -> UpstreamResponse:
-        headers = forwarded_headers(parts.headers, origin.client, origin.scheme)
+        headers = forwarded_headers(parts.headers, origin.client, origin.scheme, origin.proxies)
         if key is not None and route.forward_key_header:
             name = route.forward_key_header.lower()
             headers = [(n, v) for n, v in headers if n != name]

@@ -8,7 +8,9 @@
     │   └── OutcomeLost        it was sent and the answer was lost: never resend blind
     └── ProblemError           answered to a caller as RFC 9457 problem+json
         ├── BadRequest         400: the request cannot be keyed (malformed body, bad key)
-        │   └── MalformedRequest 400: not valid HTTP/1.1 or its framing is ambiguous
+        │   ├── MalformedRequest 400: not valid HTTP/1.1 or its framing is ambiguous
+        │   │   └── BadHost      400: no Host (HTTP/1.1), more than one, or an invalid one
+        │   └── AmbiguousPath  400: an encoded slash or a backslash on a keyed route
         ├── MissingKey         400: the route needs a key and the request has none
         ├── NoRoute            404: no route matches
         ├── PayloadTooLarge    413
@@ -136,6 +138,19 @@ class BadRequest(ProblemError):
 class MalformedRequest(BadRequest):
     slug = "malformed-request"
     title = "The request is not valid HTTP; it was not forwarded"
+
+
+class BadHost(MalformedRequest):
+    slug = "bad-host"
+    title = "The request needs exactly one valid Host header; it was not forwarded"
+
+
+class AmbiguousPath(BadRequest):
+    slug = "ambiguous-path"
+    title = (
+        "The path has an encoded slash or a backslash, which servers split differently; "
+        "it was not forwarded"
+    )
 
 
 class MissingKey(ProblemError):

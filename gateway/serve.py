@@ -77,6 +77,10 @@ def uvicorn_server(
         log_config=None,
         timeout_graceful_shutdown=int(grace) + 1,
         server_header=False,
+        # The client address is the socket's peer on both listeners: uvicorn would
+        # take X-Forwarded-For/-Proto from any loopback caller (FORWARDED_ALLOW_IPS).
+        # Which proxies are believed is server.trusted_proxies (upstream.py).
+        proxy_headers=False,
         backlog=2048,
     )
     return _Server(config)

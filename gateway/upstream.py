@@ -29,6 +29,8 @@ import asyncio
 import base64
 import collections
 import contextlib
+import ipaddress
+import re
 import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,6 +39,7 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
+from gateway._parse import IPNetwork
 from gateway.errors import NotSent, OutcomeLost
 
 #: RFC 9110 7.6.1, plus headers that describe the framing of one hop's message.
@@ -66,11 +69,105 @@ class UpstreamResponse:
     body: bytes
 
 
+#: Headers that tell the upstream who the caller is. From a caller that is not a trusted
+#: proxy they are the caller's own say-so: dropped, and the gateway's view put in place
+#: of X-Forwarded-For/-Proto/-Host, Forwarded and X-Real-IP. Every `x-forwarded-*`
+#: counts too (-Port, -Prefix, -Ssl move the URLs frameworks build).
+CLIENT_CLAIMS = frozenset(
+    {
+        "forwarded",
+        "x-real-ip",
+        "true-client-ip",
+        "x-client-ip",
+        "cf-connecting-ip",
+        "fastly-client-ip",
+        "x-cluster-client-ip",
+    }
+)
+
+#: RFC 9110 7.2: uri-host [":" port] (RFC 3986 3.2.2), an IP literal or a reg-name of
+#: unreserved, pct-encoded and sub-delims characters; but not the comma, which no
+#: registered name has and which would make X-Forwarded-Host read as a list.
+_HOST = re.compile(
+    r"(?:\[(?:[0-9A-Fa-f:.]+|[vV][0-9A-Fa-f]+\.[A-Za-z0-9._~!$&'()*+;=:-]+)\]"
+    r"|(?:[A-Za-z0-9._~!$&'()*+;=-]|%[0-9A-Fa-f]{2})*)"
+    r"(?::[0-9]*)?"
+)
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+#: Peers whose trust is remembered; past it the memory starts over (a caller with many
+#: addresses costs an address parse per request, never memory).
+_TRUST_MEMORY = 4096
+
+
+def valid_host(value: str) -> bool:
+    """Whether `value` is a valid Host field value (empty is: RFC 9112 3.2)."""
+    return _HOST.fullmatch(value) is not None
+
+
+class TrustedProxies:
+    """`server.trusted_proxies`: whether a peer address is one whose forwarding headers
+    are believed. Asked on every forward, so each address string is parsed once."""
+
+    __slots__ = ("_known", "networks")
+
+    def __init__(self, networks: Iterable[IPNetwork] = ()) -> None:
+        self.networks = tuple(networks)
+        self._known: dict[str, bool] = {}
+
+    def __contains__(self, address: object) -> bool:
+        if not self.networks or not isinstance(address, str):
+            return False
+        known = self._known.get(address)
+        if known is None:
+            known = self._check(address)
+            if len(self._known) >= _TRUST_MEMORY:
+                self._known.clear()
+            self._known[address] = known
+        return known
+
+    def _check(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address.strip())
+        except ValueError:
+            return False  # "unknown", a port, junk: not an address of ours
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped  # a dual-stack listener reports IPv4 callers this way
+        return any(ip in network for network in self.networks)
+
+    def client_of(self, chain: str) -> str:
+        """The caller's address from an X-Forwarded-For chain that ends at a trusted
+        peer: the nearest hop that is not itself a trusted proxy (or the farthest)."""
+        hops = [hop.strip() for hop in chain.split(",")]
+        for hop in reversed(hops):
+            if hop and hop not in self:
+                return hop
+        return next((hop for hop in hops if hop), "")
+
+
+#: No proxy is trusted: the default, and what in-process callers get.
+NO_PROXIES = TrustedProxies()
+
+
 def forwarded_headers(
-    headers: list[tuple[str, str]], client: str | None, scheme: str
+    headers: list[tuple[str, str]],
+    client: str | None,
+    scheme: str,
+    proxies: TrustedProxies = NO_PROXIES,
 ) -> list[tuple[str, str]]:
     """The caller's headers as the upstream should see them: hop-by-hop ones (and any
-    the Connection header names) removed, X-Forwarded-For/-Proto/-Host added."""
+    the Connection header names) removed, and what the gateway knows of the caller.
+
+    `client` is the immediate peer's address. Unless it is in `proxies`, whatever the
+    caller said about itself (CLIENT_CLAIMS, X-Forwarded-*) is dropped and replaced by
+    what the gateway saw: X-Forwarded-For the peer, -Proto the scheme, -Host the Host,
+    X-Real-IP the peer, and one Forwarded element. From a trusted proxy the
+    X-Forwarded-For chain (every line, in order) is extended with the peer, and
+    Forwarded with the gateway's element; X-Forwarded-Proto/-Host keep the proxy's
+    last value (if valid), X-Real-IP the proxy's (else the chain's nearest untrusted
+    hop); other claims pass as sent. Each goes upstream as exactly one line.
+    """
+    trusted = client in proxies
     named = {
         token.strip().lower()
         for name, value in headers
@@ -79,22 +176,80 @@ def forwarded_headers(
     }
     out: list[tuple[str, str]] = []
     host = ""
-    prior_for = ""
+    chain: list[str] = []
+    forwarded: list[str] = []
+    proto = forwarded_host = real_ip = ""
     for name, value in headers:
-        if name == "host":
-            host = value
-        elif name == "x-forwarded-for":
-            prior_for = value
-        elif name in ("x-forwarded-proto", "x-forwarded-host"):
-            continue
-        elif name not in HOP_BY_HOP and name not in named:
+        if name in HOP_BY_HOP or name in named:
+            if name == "host":
+                host = value
+        elif name in CLIENT_CLAIMS or name.startswith("x-forwarded-"):
+            if not trusted:
+                continue
+            if name == "x-forwarded-for":
+                if value.strip():
+                    chain.append(value.strip())
+            elif name == "x-forwarded-proto":
+                proto = value
+            elif name == "x-forwarded-host":
+                forwarded_host = value
+            elif name == "forwarded":
+                if value.strip():
+                    forwarded.append(value.strip())
+            elif name == "x-real-ip":
+                real_ip = value.strip()
+            else:
+                out.append((name, value))
+        else:
             out.append((name, value))
-    if client:
-        out.append(("x-forwarded-for", f"{prior_for}, {client}" if prior_for else client))
-    out.append(("x-forwarded-proto", scheme))
+    if trusted:
+        assert client is not None
+        chain.append(client)
+        proto = _last(proto)
+        if _SCHEME.fullmatch(proto) is None:
+            proto = scheme
+        forwarded_host = _last(forwarded_host)
+        if not forwarded_host or not valid_host(forwarded_host):
+            forwarded_host = host
+        real_ip = real_ip or proxies.client_of(", ".join(chain))
+    else:
+        if client:
+            chain.append(client)
+        proto, forwarded_host, real_ip = scheme, host, client or ""
+    element = f"for={_node(client)};proto={_forwarded_value(scheme)}"
     if host:
-        out.append(("x-forwarded-host", host))
+        element += f";host={_forwarded_value(host)}"
+    forwarded.append(element)
+    if chain:
+        out.append(("x-forwarded-for", ", ".join(chain)))
+    out.append(("x-forwarded-proto", proto.lower()))
+    if forwarded_host:
+        out.append(("x-forwarded-host", forwarded_host))
+    out.append(("forwarded", ", ".join(forwarded)))
+    if real_ip:
+        out.append(("x-real-ip", real_ip))
     return out
+
+
+def _last(value: str) -> str:
+    """The last element of a comma-separated value: the one the nearest hop wrote."""
+    return value.rpartition(",")[2].strip()
+
+
+def _node(client: str | None) -> str:
+    """A Forwarded `for=` node (RFC 7239 6): an IPv6 address in brackets, quoted."""
+    if not client:
+        return "unknown"
+    if ":" in client:
+        return _forwarded_value(f"[{client}]")
+    return _forwarded_value(client)
+
+
+def _forwarded_value(text: str) -> str:
+    """A token as is, anything else as a quoted-string (RFC 7239 4)."""
+    if _TOKEN.fullmatch(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[str, str], ...]:
