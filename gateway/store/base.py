@@ -38,10 +38,15 @@ EXPIRED_POLICY: dict[str, ExpiredPolicy] = {
 
 
 def codec_for(config: StoreConfig) -> ResponseCodec:
-    """How the configured store writes responses: sealed when a key is set."""
+    """How the configured store writes responses: sealed when a key is set; and reads
+    them: plain ones only without a key, or with store.read_unencrypted."""
     if not config.encryption_key and not config.previous_encryption_keys:
         return PLAIN
-    return ResponseCodec(config.encryption_key or None, config.previous_encryption_keys)
+    return ResponseCodec(
+        config.encryption_key or None,
+        config.previous_encryption_keys,
+        read_plain=config.read_unencrypted,
+    )
 
 
 @dataclass(frozen=True, slots=True)
