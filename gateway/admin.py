@@ -214,6 +214,7 @@ def create_admin_app(gateway: Gateway) -> Starlette:
 
     async def readyz(request: Request) -> Response:
         checks = {"config": "loaded", "store": "ok"}
+        doc: dict[str, Any] = {"checks": checks}
         status = 200
         if not gateway.started:
             checks["store"] = "not started"
@@ -221,13 +222,26 @@ def create_admin_app(gateway: Gateway) -> Starlette:
         else:
             try:
                 await gateway.store.ping()
+                info = await gateway.store.info()
             except StoreError as exc:
                 checks["store"] = str(exc)
                 status = 503
-        return JSONResponse({"ready": status == 200, "checks": checks}, status_code=status)
+            else:
+                gateway.metrics.set_store_info(info)
+                doc["store"] = {"maxmemory_policy": info.maxmemory_policy, "aof": info.aof}
+                refusal = info.refusal(gateway.config.store.allow_eviction)
+                allowed = "allowed by store.allow_eviction" if info.evicts else "ok"
+                checks["store_eviction"] = refusal or allowed
+                if refusal:
+                    status = 503
+        return JSONResponse({"ready": status == 200, **doc}, status_code=status)
 
     async def metrics(request: Request) -> Response:
         await gateway.refresh_key_metrics()
+        try:
+            gateway.metrics.set_store_info(await gateway.store.info())
+        except StoreError:
+            pass  # store_up says so
         registry = gateway.metrics.registry
         if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
             # Workers of one gateway: add up every worker's samples.
