@@ -51,6 +51,8 @@ _RESPONSE_FIELDS = ("status", "headers", "body")
 _MAX_HEADERS = 100
 #: A request body of the operator API, but resolve's: a name, a note, a flag.
 _MAX_ADMIN_BODY = 64 * 1024
+#: For a record whose route a reload removed.
+_ROUTE_DEFAULTS = RouteConfig(name="", path="", upstream="")
 
 
 def problem(status: int, slug: str, title: str, detail: str = "", **extra: Any) -> Response:
@@ -306,9 +308,6 @@ def _operator(body: dict[str, Any]) -> str:
     if not isinstance(operator, str) or not operator.strip():
         raise _Refused(problem(400, "bad-request", 'Say who you are: {"operator": "name"}'))
     return operator.strip()
-
-
-_ROUTE_DEFAULTS = RouteConfig(name="", path="", upstream="")
 
 
 def _bad_response(title: str, field: str, detail: str = "", **extra: Any) -> _Refused:

@@ -337,10 +337,12 @@ class RedisStore(Store):
         refusal = info.refusal(self.allow_eviction)
         if refusal:
             log.error("%s. Until then /readyz answers 503.", refusal)
-        elif info.evicts:
+        where = f" at {info.source}" if info.source else ""
+        if not refusal and info.evicts:
             log.warning(
-                "Redis maxmemory-policy is %s: records may be evicted and their keys run "
-                "again; allowed by store.allow_eviction",
+                "Redis%s has maxmemory-policy %s: records may be evicted and their keys "
+                "run again; allowed by store.allow_eviction",
+                where,
                 info.maxmemory_policy,
             )
         if info.aof == "no":
@@ -348,7 +350,7 @@ class RedisStore(Store):
                 "Redis%s has appendonly no: a restart loses the records written since its "
                 "last snapshot, and their keys run again. Run it with appendonly yes and "
                 "appendfsync always (docs/reliability.md)",
-                f" at {info.source}" if info.source else "",
+                where,
             )
 
     async def check_reset(self) -> int:
