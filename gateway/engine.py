@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from gateway.reconcile import Reconciler
 from gateway.store.base import EXPIRED_POLICY, Store
 from gateway.upstream import (
+    HOP_BY_HOP,
     NO_PROXIES,
     TrustedProxies,
     Upstream,
@@ -65,6 +66,17 @@ _RETRY = object()
 
 #: Headers a stored response never keeps: per-caller state must not be replayed.
 NEVER_STORED = frozenset({"set-cookie", "set-cookie2"})
+
+#: Headers the gateway adds to a replay itself.
+REPLAY_HEADERS = frozenset(
+    {"idempotent-replayed", "idempotent-body-omitted", "idempotent-resolved-by"}
+)
+
+#: What a replay never takes from a stored response, whoever wrote it (an older
+#: version, an operator, someone with write access to the store): framing and
+#: hop-by-hop headers (the replay is framed by this hop, for this caller), per-caller
+#: state, and the headers a replay gets from the gateway.
+_NOT_REPLAYED = HOP_BY_HOP | NEVER_STORED | REPLAY_HEADERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,10 +423,11 @@ class Engine:
 
     def _replay(self, route: Route, stored: StoredResponse, outcome: str) -> Reply:
         self._count(route, outcome)
-        headers = [*stored.headers, ("idempotent-replayed", "true")]
+        headers = _replayable(stored.headers)
+        headers.append(("idempotent-replayed", "true"))
         if stored.body_omitted:
             headers.append(("idempotent-body-omitted", "true"))
-            headers = [(n, v) for n, v in headers if n != "content-encoding"]
+            headers = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
         if stored.origin != "upstream":
             headers.append(("idempotent-resolved-by", stored.origin))
         return Reply(stored.status, tuple(headers), stored.body)
@@ -484,6 +497,22 @@ class Engine:
             state=str(record.state),
             headers={"Retry-After": "60"},
         )
+
+
+def _replayable(stored: tuple[tuple[str, str], ...]) -> list[tuple[str, str]]:
+    """The stored headers a replay carries. One pass over a handful of headers; the
+    second only for a stored Connection header, which names more of them."""
+    named: set[str] = set()
+    headers = []
+    for name, value in stored:
+        lowered = name.lower()
+        if lowered not in _NOT_REPLAYED:
+            headers.append((name, value))
+        elif lowered == "connection":
+            named.update(token.strip().lower() for token in value.split(","))
+    if named:
+        headers = [(n, v) for n, v in headers if n.lower() not in named]
+    return headers
 
 
 def _missing_detail(route: Route) -> str:

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from gateway.records import OPEN_STATES
 
 if TYPE_CHECKING:
-    from gateway.store.base import StateCount
+    from gateway.store.base import StateCount, StoreInfo
 
 #: Every value the `outcome` label takes, so dashboards can rely on the set.
 OUTCOMES = (
@@ -122,6 +122,16 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="mostrecent",
         )
+        self.store_info = Gauge(
+            prefix + "store_info",
+            "1 for what the store last said about keeping records: its maxmemory-policy "
+            "(anything but noeviction may evict records, and their keys run again) and "
+            "whether it writes an append-only file (aof: yes, no, n/a, unknown).",
+            ["maxmemory_policy", "aof"],
+            registry=self.registry,
+            multiprocess_mode="mostrecent",
+        )
+        self._store_info: tuple[str, str] | None = None
 
     def set_key_stats(self, stats: list[StateCount], routes: list[str]) -> None:
         """Replace the key gauges with a fresh read; every route and open state is
@@ -138,6 +148,17 @@ class Metrics:
         for stat in stats:
             self.keys.labels(stat.route, str(stat.state)).set(stat.count)
             self.oldest_key_age.labels(stat.route, str(stat.state)).set(stat.oldest_seconds)
+
+    def set_store_info(self, info: StoreInfo) -> None:
+        labels = (info.maxmemory_policy, info.aof)
+        old, self._store_info = self._store_info, labels
+        if old is not None and old != labels:
+            if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+                # Workers' files cannot be cleared: the most recent value wins.
+                self.store_info.labels(*old).set(0)
+            else:
+                self.store_info.remove(*old)
+        self.store_info.labels(*labels).set(1)
 
     def for_route(self, route: str) -> RouteMetrics:
         found = self._routes.get(route)
