@@ -653,6 +653,7 @@ async def test_an_endless_field_line_is_cut_as_it_streams(
     with pytest.raises(OutcomeLost, match=f"response {part} is over {MAX_RESPONSE_HEAD} bytes"):
         await post(client, server.url + "/", deadline=30)
     await asyncio.wait_for(stopped.wait(), 10)
+    print(f"endless {where} line: cut after {sent:,} bytes were sent")
     assert sent < 16 * MAX_RESPONSE_HEAD, sent  # the client hung up: the sender stopped
 
 
