@@ -59,7 +59,11 @@ class Gateway:
     ) -> None:
         self.config = config
         self.store = store if store is not None else open_store(config.store)
-        self.upstream = upstream if upstream is not None else Upstream()
+        self.upstream = (
+            upstream
+            if upstream is not None
+            else Upstream(keepalive=config.server.upstream_keep_alive)
+        )
         self.metrics = metrics if metrics is not None else Metrics()
         self.router = Router(config.routes)
         self.proxies = TrustedProxies(config.server.trusted_proxies)

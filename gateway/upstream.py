@@ -11,12 +11,24 @@ whole answer, and know exactly how far it got when something breaks.
 How a failure is classified is decided here and only here:
 - NotSent: connection refused, DNS failure, connect timeout, no pooled connection in
   time, a header that cannot be written. Not one byte of the request left, so the key
-  may be released and the work run again.
+  may be released and the work run again. A kept-alive connection is looked at just
+  before the request is written to it (see _Pool._fit): one the upstream has closed,
+  or that holds bytes nobody asked for, is retired and another taken, so a request is
+  never written where it cannot arrive.
 - OutcomeLost: the deadline passed, or the connection broke or spoke nonsense, after
   the request may have been sent. The upstream may have done the work: never resend.
   That includes an answer cut off after its status line (a streaming endpoint sends
-  "200" before its work is done), and a body that never ends or outgrows
-  `max_response_body`: the status received is kept on the error, for the record.
+  "200" before its work is done), a body that never ends or outgrows
+  `max_response_body`, a response head over MAX_RESPONSE_HEAD bytes or
+  MAX_RESPONSE_FIELDS fields, and a body delimited by the connection's end whose TLS
+  connection ended without close_notify: the status received is kept on the error,
+  for the record. Once the request's bytes were handed to the transport, an end of
+  the connection without an answer is OutcomeLost, whatever it looks like: the
+  upstream may have read the request before it closed.
+
+What may be reused (_Exchange.reusable): a connection whose answer ended exactly
+where its framing said, with nothing after it, from an upstream that did not ask to
+close it. Bytes after an answer are never read as the next request's answer.
 
 The client never resends anything: a request goes out on one connection, once. (A
 general-purpose client retries an idempotent method once when a kept-alive connection
@@ -31,6 +43,7 @@ import collections
 import contextlib
 import ipaddress
 import re
+import select
 import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -59,6 +72,25 @@ HOP_BY_HOP = frozenset(
         "host",
     }
 )
+
+
+#: The most a response's head may hold: its status line and header fields, interim
+#: (1xx) answers' included, and its trailer section (dropped, but read). A head is
+#: metadata: nginx refuses an upstream head over its proxy_buffer_size (4 or 8 KiB)
+#: and node over 16 KiB, httpx (h11) buffers at most 16 KiB; 64 KiB leaves room for
+#: large cookies and link headers while one answer's head costs kilobytes, not the
+#: megabytes an upstream could send. Counted as the bytes arrive, so a head that
+#: never ends is cut after this much plus one read.
+MAX_RESPONSE_HEAD = 64 * 1024
+#: The most header fields (and trailer fields) a response may carry: Apache allows
+#: 100 per request (LimitRequestFields); 256 leaves room for many Set-Cookie lines.
+#: Each field costs Python objects, so this bounds a head of many short lines that
+#: fits in MAX_RESPONSE_HEAD.
+MAX_RESPONSE_FIELDS = 256
+#: What a chunk's size line and the CRLF after its data may take without counting
+#: toward MAX_RESPONSE_HEAD: 16 hex digits, CRLF, CRLF and room for a short
+#: extension. (Chunk extensions are hardly ever sent; long ones count as head.)
+CHUNK_FRAMING = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,12 +285,69 @@ def _forwarded_value(text: str) -> str:
 
 
 def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[str, str], ...]:
-    out: list[tuple[str, str]] = []
-    for name, value in raw:
-        lowered = name.decode("latin-1").lower()
-        if lowered not in HOP_BY_HOP:
-            out.append((lowered, value.decode("latin-1")))
-    return tuple(out)
+    """The upstream's header fields as the caller (and the store) should see them:
+    hop-by-hop ones removed, and any the response's Connection header names (they were
+    meant for this hop only: an upstream's `Connection: x-internal-token` says that
+    header is not for the caller)."""
+    fields = [(name.decode("latin-1").lower(), value.decode("latin-1")) for name, value in raw]
+    named = {
+        token.strip().lower()
+        for name, value in fields
+        if name == "connection"
+        for token in value.split(",")
+    }
+    return tuple(
+        (name, value) for name, value in fields if name not in HOP_BY_HOP and name not in named
+    )
+
+
+def _framing(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, bool, bool]:
+    """What a head says about its body: the Content-Length (None without one), whether
+    the body is chunked, and whether a Transfer-Encoding was sent at all."""
+    length: int | None = None
+    chunked = coded = False
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == b"content-length":
+            length = int(value)  # llhttp has checked it is a number
+        elif lowered == b"transfer-encoding":
+            coded = True
+            chunked = b"chunked" in value.lower()
+    return length, chunked, coded
+
+
+def _closed_cleanly(transport: asyncio.BaseTransport) -> bool:
+    """Whether the upstream's end of the stream is one a body may end on: a FIN on
+    plain TCP; on TLS only a close_notify, since an attacker (or a crash) can end the
+    TCP connection under the TLS session and a body that ends at the connection's end
+    would look whole. asyncio's SSL transport reports a FIN without close_notify as
+    eof_received, as it does a clean close (uvloop's reports it as connection_lost(None)
+    without eof_received), so the TLS session is asked: after the peer's close_notify a
+    read returns b"" (SSL_ERROR_ZERO_RETURN); without one it raises. Everything sent
+    was read before eof_received, so the read takes nothing from the answer."""
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return True
+    try:
+        return cast(bytes, ssl_object.read(1)) == b""
+    except (ssl.SSLError, OSError, ValueError):
+        return False
+
+
+def _poller(fd: int | None) -> select.poll:
+    """A poll(2) set of one socket, made once per connection: asking it (`_readable`)
+    costs one system call, about 0.3 us. Without a socket (fd None) it is empty, and
+    never readable."""
+    poller = select.poll()
+    if fd is not None:
+        poller.register(fd, select.POLLIN)
+    return poller
+
+
+def _readable(poller: select.poll) -> bool:
+    """Whether the socket holds something the event loop has not read yet: bytes, a
+    FIN, or an error (poll reports those whatever was asked)."""
+    return bool(poller.poll(0))
 
 
 class _Broken(Exception):
@@ -278,15 +367,20 @@ class _Exchange:
     """One request's answer as httptools parses it; its callbacks are the parser's."""
 
     __slots__ = (
+        "chunk_events",
         "chunks",
         "complete",
+        "credit",
         "error",
+        "fields",
+        "framing",
         "future",
         "head",
         "headers",
         "in_body",
         "keep_alive",
         "limit",
+        "out_of_step",
         "parser",
         "size",
         "status",
@@ -306,9 +400,23 @@ class _Exchange:
         self.in_body = False  # the head is read; what is cut off now is the body
         self.complete = False
         self.keep_alive = False
+        #: something followed the answer, or its framing disagreed with its status:
+        #: the connection's next bytes cannot be trusted to answer the next request
+        self.out_of_step = False
+        self.fields = 0  # header and trailer fields, interim answers' included
+        self.framing = 0  # bytes read that were not body (head, trailers); see measure
+        self.chunk_events = 0  # chunk size lines and chunk ends parsed
+        self.credit = 0  # framing allowance left from the last read (see measure)
         self.error: _Broken | None = None
 
     # -- httptools callbacks ------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        # llhttp goes on parsing after a message's end within one feed_data: a second
+        # response in the same read would run its callbacks into this exchange.
+        if self.complete:
+            self.out_of_step = True
+            raise _Stop
 
     def on_status(self, reason: bytes) -> None:
         # The status line is in, the headers may never be: it already says the
@@ -318,29 +426,48 @@ class _Exchange:
             self.status = status
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        self.fields += 1
+        if self.fields > MAX_RESPONSE_FIELDS:
+            self.error = self._over_head(f"has more than {MAX_RESPONSE_FIELDS} header fields")
+            raise _Stop
+        if not self.in_body:
+            self.headers.append((name, value))
+        # else a trailer field (after the last chunk): it was never part of the head
+        # the upstream's framing and the caller's checks were about; dropped
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
+        length, chunked, coded = _framing(self.headers)
         if status < 200:
+            if length or coded:
+                # llhttp reads a body for some 1xx codes and not others; h11 and RFC
+                # 9110 never do: where the answer starts cannot be known.
+                self.error = _Broken(
+                    f"the upstream's interim {status} answer announces a body, which a "
+                    "1xx answer cannot have; the request was sent, its outcome is unknown",
+                    self.status,
+                )
+                raise _Stop
             self.headers = []  # 100 Continue, 103 Early Hints: the answer follows
             return
         self.status = status
         self.in_body = True
-        length: int | None = None
-        chunked = False
-        for name, value in self.headers:
-            lowered = name.lower()
-            if lowered == b"content-length":
-                length = int(value)  # llhttp has checked it is a number
-            elif lowered == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
         if self.head:
             self._finish(keep_alive=False)  # no body follows; the connection is not reused
             raise _Stop
+        if status in (204, 304) and (length or coded):
+            # Taken without a body, as RFC 9110 says; but an upstream that sent one
+            # would have its next bytes read as the next request's answer.
+            self.out_of_step = True
         if length is not None and length > self.limit:
             self._fail_too_large()
         self.until_close = length is None and not chunked and status not in (204, 304)
+
+    def on_chunk_header(self) -> None:
+        self.chunk_events += 1
+
+    def on_chunk_complete(self) -> None:
+        self.chunk_events += 1
 
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
@@ -353,7 +480,39 @@ class _Exchange:
             return  # the end of a 1xx answer
         self._finish(keep_alive=self.parser.should_keep_alive())
 
+    # -- decisions ----------------------------------------------------------------------
+
+    def measure(self, read: int, size_before: int, events_before: int) -> None:
+        """Count what one read added to the head (and trailers): its bytes that were
+        not body, less an allowance of CHUNK_FRAMING for each chunk's size line and
+        for its end; what a read leaves of the allowance, at most one CHUNK_FRAMING,
+        covers a size line or CRLF split across reads. Per read, not per byte: llhttp
+        has no limit of its own and httptools buffers a header line whole, so this
+        is what bounds a head (or trailer section) that never ends."""
+        allowance = self.credit + CHUNK_FRAMING * (self.chunk_events - events_before)
+        excess = read - (self.size - size_before) - allowance
+        if excess <= 0:
+            self.credit = min(CHUNK_FRAMING, -excess)
+            return
+        self.credit = 0
+        self.framing += excess
+        if self.framing > MAX_RESPONSE_HEAD and not self.complete and self.error is None:
+            self.error = self._over_head(f"is over {MAX_RESPONSE_HEAD} bytes")
+
+    def reusable(self) -> bool:
+        """Whether the connection may carry another request after this answer: only
+        if the upstream did not ask to close it, the answer ended where its framing
+        said and nothing followed it."""
+        return self.complete and self.keep_alive and not self.out_of_step and self.error is None
+
     # -- outcomes -----------------------------------------------------------------------
+
+    def _over_head(self, what: str) -> _Broken:
+        part = "trailer section" if self.in_body else "head"
+        return _Broken(
+            f"the upstream's response {part} {what}; the request was sent, its outcome is unknown",
+            self.status,
+        )
 
     def _fail_too_large(self) -> None:
         self.error = _Broken(
@@ -376,17 +535,24 @@ class _Exchange:
         if not self.future.done():
             self.future.set_exception(error)
 
+    def end_of_stream(self) -> None:
+        """The upstream ended the stream cleanly (see _closed_cleanly): the end of a
+        body delimited by the connection's end."""
+        if self.until_close and not self.complete and self.error is None:
+            self._finish(keep_alive=False)
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self.complete:
-            return
-        if self.until_close and self.error is None and exc is None:
-            self._finish(keep_alive=False)
             return
         after = _after(self.status)
         if self.error is not None:
             self.fail(self.error)
         elif self.in_body:
             detail = "" if exc is None else f": {type(exc).__name__}: {exc}"
+            if exc is None and self.until_close:
+                # A clean end would have ended it (end_of_stream): this is a TLS
+                # connection closed under its session, without close_notify.
+                detail = ": the connection ended without TLS close_notify"
             self.fail(_Broken(f"the body was cut off{after}{detail}", self.status))
         elif exc is not None:
             self.fail(_Broken(f"connection broke{after}: {type(exc).__name__}: {exc}", self.status))
@@ -403,15 +569,22 @@ class _Connection(asyncio.Protocol):
         self.exchange: _Exchange | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.poller = _poller(None)
+        #: given to a waiter that has not looked at it yet: its slot is that waiter's
+        self.handed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")  # the TCP socket, under TLS too
+        if sock is not None:
+            self.poller = _poller(sock.fileno())
 
     def data_received(self, data: bytes) -> None:
         exchange = self.exchange
         if exchange is None:
             self.close()  # bytes nobody asked for: this connection cannot be trusted
             return
+        size, events = exchange.size, exchange.chunk_events
         try:
             exchange.parser.feed_data(data)
         except httptools.HttpParserCallbackError:
@@ -421,10 +594,11 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             reason = f"the upstream's answer is not valid HTTP{_after(exchange.status)}: {exc}"
             exchange.error = _Broken(reason, exchange.status)
+        exchange.measure(len(data), size, events)
         if exchange.complete:
             self.detach()
-            # Bytes after the answer that are not HTTP: the connection is out of step.
-            self.pool.release(self, reusable=exchange.keep_alive and exchange.error is None)
+            # Bytes after the answer, HTTP or not: the connection is out of step.
+            self.pool.release(self, reusable=exchange.reusable())
         elif exchange.error is not None:
             exchange.fail(exchange.error)
             self.close()
@@ -433,6 +607,12 @@ class _Connection(asyncio.Protocol):
         # The upstream closed its side; connection_lost follows, one callback later.
         # Out of the pool now: a request written here in between would be lost.
         self.closed = True
+        exchange = self.exchange
+        if exchange is not None and exchange.until_close and self.transport is not None:
+            if _closed_cleanly(self.transport):
+                exchange.end_of_stream()
+                if exchange.complete:
+                    self.detach()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -441,6 +621,20 @@ class _Connection(asyncio.Protocol):
         if exchange is not None:
             exchange.connection_lost(exc)
         self.pool.lost(self)
+
+    def ready(self) -> bool:
+        """Whether a request written now would go out on an open connection as the
+        first thing since its last answer: not closed (by us, or by the upstream as
+        far as the loop has seen), and nothing waiting in the socket that the loop
+        has not read yet: a FIN (the upstream closed it: the request would never be
+        read) or bytes nobody asked for (they would be read as its answer)."""
+        transport = self.transport
+        return (
+            not self.closed
+            and transport is not None
+            and not transport.is_closing()
+            and not _readable(self.poller)
+        )
 
     def detach(self) -> _Exchange | None:
         """The connection is done with its exchange (answered, failed or abandoned):
@@ -483,35 +677,55 @@ class _Pool:
         self.connecting = 0
 
     async def acquire(self, timeout: float) -> _Connection:
-        """A connection ready for a request, or NotSent."""
+        """A connection ready for a request, or NotSent. A kept-alive one is taken
+        only if it is fit to be written to now (_fit); one that is not is retired and
+        its slot serves a new connection, within the same timeout."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         while self.idle:
             connection = self.idle.pop()
-            if not connection.closed and now - connection.idle_since < self.keepalive:
+            if self._fit(connection, now):
                 return connection
-            connection.close()
+            self._retire(connection)
         if len(self.open) + self.connecting >= self.limit:
-            waiter: asyncio.Future[_Connection | None] = loop.create_future()
-            self.waiters.append(waiter)
-            try:
-                handed = await asyncio.wait_for(waiter, timeout)
-            except BaseException as exc:
-                if waiter.done() and not waiter.cancelled():
-                    self._hand_back(waiter.result())  # it came as we gave up: pass it on
-                else:
-                    with contextlib.suppress(ValueError):
-                        self.waiters.remove(waiter)
-                if isinstance(exc, TimeoutError):
-                    raise NotSent(
-                        f"no upstream connection came free within {timeout:g}s "
-                        f"({self.limit} are open)"
-                    ) from None
-                raise
+            handed = await self._wait(timeout)
             if handed is not None:
-                return handed
+                handed.handed = False
+                if self._fit(handed, loop.time()):
+                    return handed
+                self._retire(handed)  # its slot is this request's now
             timeout = max(0.0, timeout - (loop.time() - now))
         return await self._connect(timeout)
+
+    def _fit(self, connection: _Connection, now: float) -> bool:
+        """Whether a kept-alive connection may be written to now: idle for less than
+        the keep-alive (the upstream closes idle connections after its own, and a
+        request written as it does is lost: the gateway lets go first), and ready."""
+        return now - connection.idle_since < self.keepalive and connection.ready()
+
+    def _retire(self, connection: _Connection) -> None:
+        """Close a connection (out of the idle list) that will not carry a request;
+        its slot is free at once, for the caller: no waiter is woken for it."""
+        connection.close()
+        self.open.discard(connection)
+
+    async def _wait(self, timeout: float) -> _Connection | None:
+        """Wait for a released connection (or None: a free slot to connect in)."""
+        waiter: asyncio.Future[_Connection | None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            return await asyncio.wait_for(waiter, timeout)
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self._hand_back(waiter.result())  # it came as we gave up: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self.waiters.remove(waiter)
+            if isinstance(exc, TimeoutError):
+                raise NotSent(
+                    f"no upstream connection came free within {timeout:g}s ({self.limit} are open)"
+                ) from None
+            raise
 
     async def _connect(self, timeout: float) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -545,29 +759,39 @@ class _Pool:
         return connection
 
     def release(self, connection: _Connection, *, reusable: bool) -> None:
+        """An answer is complete: keep its connection for the next request (a waiter
+        first), or close it."""
         if not reusable or connection.closed:
             connection.close()
             return  # connection_lost takes it out and wakes a waiter
+        connection.idle_since = asyncio.get_running_loop().time()
+        self._offer(connection)
+
+    def _offer(self, connection: _Connection) -> None:
+        # A waiter looks at it (_fit) when it wakes: the loop may read the
+        # upstream's FIN before then.
         while self.waiters:
             waiter = self.waiters.popleft()
             if not waiter.done():
+                connection.handed = True
                 waiter.set_result(connection)
                 return
-        connection.idle_since = asyncio.get_running_loop().time()
+        connection.handed = False
         self.idle.append(connection)
 
     def _hand_back(self, connection: _Connection | None) -> None:
         if connection is None:
             self._wake()
         else:
-            self.release(connection, reusable=True)
+            self._offer(connection)
 
     def lost(self, connection: _Connection) -> None:
         if connection in self.open:
             self.open.discard(connection)
             with contextlib.suppress(ValueError):
                 self.idle.remove(connection)
-            self._wake()
+            if not connection.handed:  # else the waiter it went to connects in its slot
+                self._wake()
 
     def _wake(self) -> None:
         """A connection slot came free: let one waiter open a connection of its own."""
@@ -594,10 +818,11 @@ class Upstream:
     """The process's client: one pool per origin; started and closed by the app's
     lifespan."""
 
-    def __init__(self, *, connections: int = 256, keepalive: float = 2.0) -> None:
-        # Idle connections are dropped well before common servers' keep-alive
-        # timeouts (uvicorn: 5 s): a POST on a connection the server just closed
-        # would fail after it may have been sent, and park the key for nothing.
+    def __init__(self, *, connections: int = 256, keepalive: float = 1.0) -> None:
+        # `keepalive` is server.upstream_keep_alive (the default is the same):
+        # idle connections are retired before common servers' keep-alive timeouts
+        # (gunicorn: 2 s; uvicorn, node: 5 s), since a request written as the server
+        # closes its end is lost after it may have been read, and parks the key.
         self._connections = connections
         self._keepalive = keepalive
         self._origins: dict[str, _Origin] = {}

@@ -295,6 +295,42 @@ async def test_broken_answer_is_never_resent(
     assert runs == 1
 
 
+# -- bytes after an answer's end ----------------------------------------------------------
+
+
+async def test_stray_bytes_after_a_204_are_never_the_next_answer(
+    client: httpx.AsyncClient, raw: Process, redis_server: RedisServer, ledger: Ledger
+) -> None:
+    """The upstream answers 204 announcing Content-Length: 5, and answers the next
+    request on that connection with a forged 200 before the real one. The gateway
+    closes the 204's connection, so the next keyed request (on a new one) gets its
+    real answer, stored and replayed; the forged one reaches nobody."""
+    first, second = unique("stray"), unique("after-stray")
+    answer = await client.post(
+        "/jobs/stray", params={"fault": "stray_after_204"}, headers=key_header(first)
+    )
+    following = await client.post("/jobs/next", headers=key_header(second))
+    repeat = await client.post("/jobs/next", headers=key_header(second))
+    record = await read_record(redis_server, PREFIX, "jobs", second)
+    runs = (await upstream_stats(raw, second))["count"]
+    wrong = int(following.json() != {"key": second, "run": 1, "status": 200})
+    ledger.record(
+        AREA,
+        "bytes after a 204 (a forged response on the connection)",
+        requests=3,
+        faults=1,
+        upstream_duplicates=max(0, runs - 1),
+        detail=f"204 with Content-Length: 5, then a forged 200; wrong answers: {wrong}",
+    )
+    assert answer.status_code == 204 and answer.content == b""
+    assert following.status_code == 200 and not wrong, following.text
+    assert repeat.headers["idempotent-replayed"] == "true"
+    assert repeat.json() == following.json()
+    assert record is not None and record.state is State.COMPLETED
+    assert b"forged" not in (record.response.body if record.response else b"")
+    assert runs == 1
+
+
 # -- never sent: connection refused -------------------------------------------------------
 
 
