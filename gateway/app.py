@@ -27,6 +27,7 @@ from gateway.errors import (
     ProblemError,
     StoreError,
 )
+from gateway.framing import http_date
 from gateway.keys import RequestParts
 from gateway.logs import Trace, current_trace, log_access
 from gateway.metrics import Metrics
@@ -327,6 +328,10 @@ async def _read_body(receive: Receive, headers: list[tuple[str, str]], limit: in
 
 
 async def _send(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    # One Date: a forwarded or replayed response keeps the upstream's (a replay says
+    # when the response was made, as a cache's would); the listener adds none.
+    if not any(name == b"date" for name, _ in headers):
+        headers.append((b"date", http_date()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

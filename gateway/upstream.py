@@ -54,6 +54,7 @@ HOP_BY_HOP = frozenset(
         "upgrade",
         "content-length",
         "host",
+        "expect",  # the gateway holds the whole body and answers 100-continue itself
     }
 )
 
