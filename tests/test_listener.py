@@ -14,6 +14,7 @@ import asyncio
 import fcntl
 import json
 import select
+import signal
 import socket
 import struct
 import termios
@@ -371,6 +372,24 @@ def test_later_request_head_deadline_starts_at_its_first_byte(quick: Gateway) ->
     assert [a.status for a in first.answers + second.answers] == [200, 200], (first, second)
 
 
+def test_reload_applies_to_new_connections(upstream: Process, tmp_path: Path) -> None:
+    """The listener reads server.* per connection: after a SIGHUP with a shorter
+    header_timeout, a new connection that sends nothing gets its 408 by it."""
+    gateway = _start(upstream, tmp_path, {"header_timeout": "10m"})
+    try:
+        path = tmp_path / "gateway.yaml"
+        config = yaml.safe_load(path.read_text())
+        config["server"]["header_timeout"] = "1s"
+        path.write_text(yaml.safe_dump(config))
+        gateway.process.signal(signal.SIGHUP)
+        gateway.process.wait_for_output("config reloaded")
+        with connect(gateway.port) as sock:
+            stream = read_answers(sock, until_close=True)
+        assert [a.status for a in stream.answers] == [408], stream
+    finally:
+        _stop(gateway)
+
+
 @pytest.fixture(scope="module")
 def capped(upstream: Process, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     gateway = _start(upstream, tmp_path_factory.mktemp("capped"), {"max_connections": 2})
@@ -687,3 +706,34 @@ async def test_keep_alive_expiry_half_closes_and_drains() -> None:
         while not protocol.transport.is_closing():
             assert time.monotonic() < deadline, "the gateway never closed its side"
             await asyncio.sleep(0.02)
+
+
+class _CountingTransport:
+    """A transport that counts its writes."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+        self.transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+@pytest.mark.anyio
+async def test_whole_response_leaves_in_one_write() -> None:
+    """The listener holds a response's head until its body (framing._HeadHolder): the
+    answer goes out in one write, where uvicorn makes two."""
+    async with InProcess(ServerConfig()) as server:
+        with connect(server.port) as sock:
+            await server.exchange(sock, HELLO)  # connected and answered once
+            protocol = server.protocol()
+            counting = _CountingTransport(protocol.transport)
+            protocol.transport = counting  # type: ignore[assignment]
+            answered = await server.exchange(sock, HELLO)
+    assert [a.status for a in answered.answers] == [200], answered
+    assert len(counting.writes) == 1, counting.writes
+    assert counting.writes[0].startswith(b"HTTP/1.1 200 ") and counting.writes[0].endswith(b"hello")

@@ -153,4 +153,12 @@ MUTANTS = [
         ),
         breaks="the gateway's last close resets what crosses it, and can destroy its answer",
     ),
+    Mutant(
+        name="head-written-apart",
+        path=FRAMING,
+        old="cycle.transport = _HeadHolder(self.transport)  # type: ignore[assignment]",
+        new="pass",
+        tests=t("test_whole_response_leaves_in_one_write"),
+        breaks="a whole response leaves in two writes (two syscalls) again",
+    ),
 ]
