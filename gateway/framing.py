@@ -291,7 +291,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         """Close idle kept-alive connections, oldest first, until this one fits."""
         while self.idle:
             other = next(iter(self.idle))
-            other.timeout_keep_alive_handler()  # leaves `idle`, and the count unless busy
+            del self.idle[other]
+            other.timeout_keep_alive_handler()  # leaves the count, unless a request came
             if len(self.connections) <= self._server.max_connections:
                 return True
         return False

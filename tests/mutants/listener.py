@@ -121,8 +121,8 @@ MUTANTS = [
     Mutant(
         name="no-gateway-date",
         path="gateway/app.py",
-        old='        headers.append((b"date", http_date()))',
-        new="        pass",
+        old='    headers.append((b"date", http_date()))',
+        new="    pass",
         tests=t("test_every_answer_has_exactly_one_date"),
         breaks="the gateway's own answers, and upstream answers without one, have no Date",
     ),
