@@ -410,9 +410,10 @@ def test_connection_over_the_cap_gets_503_and_idle_ones_make_room(capped: Gatewa
         with connect(capped.port) as third:
             third.sendall(_keyed(unique("third")))
             refused = read_answers(third, until_close=True)
-        for key in keys:
+        held = []
+        for sock, key in zip(busy, keys, strict=True):  # in turn: busy[0] is idle first
             capped.release(key)
-        held = [read_answers(sock) for sock in busy]
+            held.append(read_answers(sock))
         assert [a.status for a in refused.answers] == [503], refused
         assert refused.answers[0].problem() == "too-many-connections"
         assert refused.answers[0].header("retry-after") == "1"
