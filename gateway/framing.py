@@ -23,6 +23,9 @@ closes a kept-alive connection after 5 s whatever is arriving on it.
   the silence between reads of a body. Either gets a 408 and a close;
 - `server.max_connections` per process: a connection over it first closes the oldest
   idle kept-alive one, and if there is none gets a 503 with Retry-After;
+- an answer that starts before its request's body has all arrived (a 404, a 413 by
+  Content-Length, an Expect: 100-continue request refused before its 100) says
+  Connection: close and ends the connection (see `_HeadHolder`);
 - an idle kept-alive connection is kept for `server.keep_alive`, and is not closed
   while request bytes wait on it unread; the gateway's last word on a connection is a
   half-close that reads and drops what still arrives for a while (`LINGER`), so a
@@ -42,7 +45,7 @@ import fcntl
 import struct
 import termios
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, ClassVar
@@ -237,9 +240,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if cycle is not None and cycle is not before:
             if self.scope["method"] != "HEAD":
                 # Its app task has not run yet: every write of this response goes through.
-                cycle.transport = _HeadHolder(self.transport)  # type: ignore[assignment]
-            if cycle.waiting_for_100_continue:
-                cycle.send = _closing_if_uninvited(cycle)  # type: ignore[method-assign,assignment]
+                cycle.transport = _HeadHolder(self, cycle)  # type: ignore[assignment]
 
     def on_chunk_header(self) -> None:
         # The last chunk's header is followed by the trailer section, any other by
@@ -264,6 +265,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     # --- responses and the keep-alive ------------------------------------------------
 
     def on_response_complete(self) -> None:
+        if self._lingering:  # the answer closed the connection (Connection: close)
+            self.server_state.total_requests += 1
+            return
         last = not self.pipeline  # no response before the refused request is left
         super().on_response_complete()
         if self._stopped:
@@ -447,37 +451,35 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._timer = self.loop.call_later(left, self._linger_check)
 
 
-def _closing_if_uninvited(
-    cycle: RequestResponseCycle,
-) -> Callable[[Any], Awaitable[None]]:
-    """The cycle's send, for a request that expects 100-continue: answered before its
-    body was asked for (a 413 by Content-Length, a 404), the client may send the body
-    or not, so what follows on the connection cannot be framed. That answer closes it."""
-    send = cycle.send
-
-    async def send_closing(message: Any) -> None:
-        if cycle.waiting_for_100_continue and cycle.more_body:
-            cycle.keep_alive = False
-        await send(message)
-
-    return send_closing
-
-
 class _HeadHolder:
     """The response's transport: holds the status line and headers until the first
     body write, so a response sent whole leaves in one write (one syscall where
     uvicorn makes two; the gateway's answers are always whole). Not used for HEAD,
-    whose answer has no body write to wait for."""
+    whose answer has no body write to wait for.
 
-    __slots__ = ("_head", "_transport")
+    An answer that starts before its request's body has all arrived (a 404 or a 413
+    by Content-Length, before the app read the body; an Expect: 100-continue request
+    refused before its 100) ends the connection: the client may send the rest of the
+    body or not, so what follows cannot be framed, and reading and discarding a body
+    that never ends would hold the connection forever. The close is the lingering one
+    (GatewayHttpProtocol._linger), so the answer is not lost to a reset while the
+    client is still sending."""
 
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
+    __slots__ = ("_cycle", "_head", "_protocol", "_transport")
+
+    def __init__(self, protocol: GatewayHttpProtocol, cycle: RequestResponseCycle) -> None:
+        self._protocol = protocol
+        self._cycle = cycle
+        self._transport = protocol.transport
         self._head: bytes | None = None  # None: nothing held yet; b"": passed
 
     def write(self, data: bytes) -> None:
         head = self._head
         if head is None and not data.startswith(b"HTTP/1.1 100 "):  # 100 Continue: now
+            cycle = self._cycle
+            if cycle.more_body and cycle.keep_alive:
+                cycle.keep_alive = False  # uvicorn closes after this answer
+                data = data[:-2] + b"connection: close\r\n\r\n"
             self._head = data
             return
         if head:
@@ -489,7 +491,7 @@ class _HeadHolder:
         if self._head:  # the app never sent its body: uvicorn closes, as it would
             self._transport.write(self._head)
             self._head = b""
-        self._transport.close()
+        self._protocol._linger()
 
     def is_closing(self) -> bool:
         return self._transport.is_closing()

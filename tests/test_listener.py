@@ -83,7 +83,7 @@ class Stream:
     rest: bytes = b""  # bytes that are not (yet) a whole response
 
 
-def _split(raw: bytes) -> tuple[list[Answer], bytes]:
+def _split(raw: bytes, bodyless: bool = False) -> tuple[list[Answer], bytes]:
     answers: list[Answer] = []
     while True:
         head, sep, rest = raw.partition(b"\r\n\r\n")
@@ -95,7 +95,7 @@ def _split(raw: bytes) -> tuple[list[Answer], bytes]:
         for line in lines[1:]:
             name, _, value = line.partition(b":")
             headers.append((name.strip().lower().decode("latin-1"), value.strip().decode()))
-        length = 0 if status < 200 else int(dict(headers).get("content-length", "0"))
+        length = 0 if status < 200 or bodyless else int(dict(headers).get("content-length", "0"))
         if len(rest) < length:
             return answers, raw
         answers.append(Answer(status, headers, rest[:length]))
@@ -109,15 +109,16 @@ def read_answers(
     *,
     until_close: bool = False,
     interim: bool = False,
+    bodyless: bool = False,
 ) -> Stream:
     """Read until `count` final responses came (any responses, with `interim`; and,
     with `until_close`, the connection ended), or the connection ended, or `timeout`
-    passed."""
+    passed. `bodyless`: the answers are to HEAD requests."""
     deadline = time.monotonic() + timeout
     raw = b""
     stream = Stream()
     while True:
-        stream.answers, stream.rest = _split(raw)
+        stream.answers, stream.rest = _split(raw, bodyless)
         finals = sum(1 for a in stream.answers if interim or a.status >= 200)
         if stream.closed or (finals >= count and not until_close):
             return stream
@@ -473,6 +474,38 @@ def test_answer_before_the_body_gets_no_100_and_closes(
     assert stream.closed
 
 
+@pytest.mark.slow
+def test_answer_before_the_body_ends_a_body_that_keeps_coming(quick: Gateway) -> None:
+    """A chunked body over the route's limit gets its 413 while it streams; the answer
+    says Connection: close and the gateway half-closes, and although the client keeps
+    sending, the connection ends (the gateway drains for at most framing.LINGER_MAX, so
+    the 413 is not lost to a reset, then closes) instead of reading a discarded body
+    for as long as the client likes."""
+    key = unique("endless")
+    chunk = b"%x\r\n%s\r\n" % (8192, b"x" * 8192)
+    with connect(quick.port) as sock:
+        sock.sendall(
+            _keyed(key, body=b"").replace(b"Content-Length: 0", b"Transfer-Encoding: chunked")
+        )
+        _send_until_answered(sock, chunk)
+        answered = read_answers(sock)
+        deadline = time.monotonic() + 3 * PATIENCE
+        half_closed = closed = False
+        while not closed and time.monotonic() < deadline:
+            try:
+                sock.sendall(chunk)
+                if not half_closed and _readable(sock, 0.1):
+                    half_closed = sock.recv(65536) == b""
+                time.sleep(0.1)
+            except OSError:
+                closed = True  # the gateway's side is gone: a send met its reset
+    assert [a.status for a in answered.answers] == [413], answered
+    assert answered.answers[0].header("connection") == "close", answered
+    assert half_closed, "no FIN after the 413"
+    assert closed, "the gateway kept reading the body after its 413"
+    assert quick.count(key) == 0
+
+
 # --- 6. pipelining ------------------------------------------------------------------------
 
 MALFORMED = {
@@ -504,15 +537,19 @@ def test_refusal_pipelined_after_a_good_request_waits_for_its_answer(
     assert quick.count(key) == 1
 
 
-def test_refusal_of_a_request_already_answered_is_not_sent(quick: Gateway) -> None:
+@pytest.mark.parametrize("method", ["POST", "HEAD"])
+def test_refusal_of_a_request_already_answered_is_not_sent(quick: Gateway, method: str) -> None:
     """A 404 goes out before the body is read; a bad chunk after it must not get a 400
-    of its own, which the client would take for the answer to its next request."""
-    head = b"POST /nowhere HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    of its own, which the client would take for the answer to its next request. (The
+    POST's answer closes the connection, as an answer before the body does; a HEAD's
+    answer has no body write, so its connection reads on, into the bad chunk.)"""
+    head = b"%s /nowhere HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    bodyless = method == "HEAD"
     with connect(quick.port) as sock:
-        sock.sendall(head)
-        answered = read_answers(sock)
+        sock.sendall(head % method.encode())
+        answered = read_answers(sock, bodyless=bodyless)
         sock.sendall(b"zz\r\n")
-        after = read_answers(sock, 0, until_close=True)
+        after = read_answers(sock, 0, until_close=True, bodyless=bodyless)
     assert [a.status for a in answered.answers] == [404], answered
     assert after.closed and not after.answers and not after.rest, after
 

@@ -105,10 +105,14 @@ MUTANTS = [
     Mutant(
         name="uninvited-body-kept-open",
         path=FRAMING,
-        old="            cycle.keep_alive = False",
-        new="            pass",
-        tests=t("test_answer_before_the_body_gets_no_100_and_closes"),
-        breaks="after an answer before a 100, the client's next bytes are read as the body",
+        old="            if cycle.more_body and cycle.keep_alive:",
+        new="            if False:",
+        tests=t(
+            "test_answer_before_the_body_gets_no_100_and_closes",
+            "test_answer_before_the_body_ends_a_body_that_keeps_coming",
+        ),
+        breaks="after an answer before the body, the connection reads a discarded body "
+        "forever, or the client's next bytes as that body",
     ),
     Mutant(
         name="two-dates",
@@ -156,7 +160,7 @@ MUTANTS = [
     Mutant(
         name="head-written-apart",
         path=FRAMING,
-        old="cycle.transport = _HeadHolder(self.transport)  # type: ignore[assignment]",
+        old="cycle.transport = _HeadHolder(self, cycle)  # type: ignore[assignment]",
         new="pass",
         tests=t("test_whole_response_leaves_in_one_write"),
         breaks="a whole response leaves in two writes (two syscalls) again",
