@@ -65,7 +65,7 @@ from gateway.errors import (
     UriTooLong,
 )
 
-#: Bytes the parser is fed at a time: a read brings up to 256 KiB (asyncio's and
+#: Bytes the parser is fed at a time: a read brings up to about 256 KiB (asyncio's and
 #: uvloop's read size), fed in pieces of this size, so an unfinished head or trailer
 #: section is cut at most this far past the limit (and counting a piece that ends one
 #: message and starts the next as head bytes cannot refuse a head under the limit).
