@@ -29,6 +29,7 @@ from gateway.errors import (
     ProblemError,
     StoreError,
 )
+from gateway.framing import http_date
 from gateway.keys import RequestParts
 from gateway.logs import Trace, current_trace, log_access
 from gateway.metrics import Metrics
@@ -383,8 +384,19 @@ async def _read_body(receive: Receive, headers: list[tuple[str, str]], limit: in
 
 
 async def _send(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    _date(headers)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _date(headers: list[tuple[bytes, bytes]]) -> None:
+    """One Date: a forwarded or replayed response keeps the upstream's (a replay says
+    when the response was made, as a cache's would); any other answer gets the
+    gateway's. The listener adds none of its own."""
+    for name, _ in headers:
+        if name == b"date":
+            return
+    headers.append((b"date", http_date()))
 
 
 async def _send_reply(send: Send, reply: Reply) -> None:

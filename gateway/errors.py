@@ -13,6 +13,7 @@
         │   └── AmbiguousPath  400: an encoded slash or a backslash on a keyed route
         ├── MissingKey         400: the route needs a key and the request has none
         ├── NoRoute            404: no route matches
+        ├── RequestTimeout     408: the head or body did not arrive in time (the listener)
         ├── PayloadTooLarge    413
         ├── UriTooLong         414: the request target is over server.max_header_bytes
         ├── HeadersTooLarge    431
@@ -22,6 +23,7 @@
         ├── ResponseUnreadable 500: the stored response cannot be decrypted; kept as is
         ├── UpstreamFailed     502: the upstream could not be reached (never sent)
         ├── StoreUnavailable   503: the store is down and the route fails closed
+        ├── TooManyConnections 503: over server.max_connections; nothing was read
         └── OutcomeUnknown     504: the request was sent and its answer lost (timeout,
                                    reset, cut off): the work may have run
 
@@ -165,6 +167,12 @@ class NoRoute(ProblemError):
     title = "No route matches this request"
 
 
+class RequestTimeout(ProblemError):
+    status = 408
+    slug = "request-timeout"
+    title = "The request did not arrive in time; it was not forwarded"
+
+
 class PayloadTooLarge(ProblemError):
     status = 413
     slug = "payload-too-large"
@@ -216,6 +224,12 @@ class StoreUnavailable(ProblemError):
     status = 503
     slug = "store-unavailable"
     title = "The idempotency store is unavailable; retry later"
+
+
+class TooManyConnections(ProblemError):
+    status = 503
+    slug = "too-many-connections"
+    title = "The gateway has too many connections open; retry later"
 
 
 class OutcomeUnknown(ProblemError):

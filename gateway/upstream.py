@@ -70,6 +70,7 @@ HOP_BY_HOP = frozenset(
         "upgrade",
         "content-length",
         "host",
+        "expect",  # the gateway holds the whole body and answers 100-continue itself
     }
 )
 
