@@ -290,7 +290,12 @@ def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[str, str
     hop-by-hop ones removed, and any the response's Connection header names (they were
     meant for this hop only: an upstream's `Connection: x-internal-token` says that
     header is not for the caller)."""
-    fields = [(name.decode("latin-1").lower(), value.decode("latin-1")) for name, value in raw]
+    # llhttp strips a value's leading whitespace, not its trailing (RFC 9110 5.5: neither
+    # is part of the value).
+    fields = [
+        (name.decode("latin-1").lower(), value.decode("latin-1").rstrip(" \t"))
+        for name, value in raw
+    ]
     named = {
         token.strip().lower()
         for name, value in fields
@@ -302,19 +307,19 @@ def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[str, str
     )
 
 
-def _framing(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, bool, bool]:
+def _framing(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, bool, list[bytes]]:
     """What a head says about its body: the Content-Length (None without one), whether
-    the body is chunked, and whether a Transfer-Encoding was sent at all."""
+    the body is chunked, and the transfer codings, over every Transfer-Encoding line
+    (empty: none was sent)."""
     length: int | None = None
-    chunked = coded = False
+    codings: list[bytes] = []
     for name, value in headers:
         lowered = name.lower()
         if lowered == b"content-length":
             length = int(value)  # llhttp has checked it is a number
         elif lowered == b"transfer-encoding":
-            coded = True
-            chunked = b"chunked" in value.lower()
-    return length, chunked, coded
+            codings += [token.strip().lower() for token in value.split(b",")]
+    return length, b"chunked" in codings, codings
 
 
 def _closed_cleanly(transport: asyncio.BaseTransport) -> bool:
@@ -455,6 +460,16 @@ class _Exchange:
         self.in_body = True
         if self.head:
             self._finish(keep_alive=False)  # no body follows; the connection is not reused
+            raise _Stop
+        if coded and coded != [b"chunked"] and status not in (204, 304):
+            # gzip under chunked would be stored decoded once and labelled as nothing
+            # (its Transfer-Encoding is hop-by-hop); chunked twice is read once by
+            # llhttp: either way the body is not what the upstream meant.
+            self.error = _Broken(
+                f"the upstream's answer uses Transfer-Encoding {b', '.join(coded).decode()!r}; "
+                "the gateway reads chunked alone; the request was sent, its outcome is unknown",
+                self.status,
+            )
             raise _Stop
         if status in (204, 304) and (length or coded):
             # Taken without a body, as RFC 9110 says; but an upstream that sent one
