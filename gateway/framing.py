@@ -16,11 +16,20 @@ its line end, so a 100 MB header line sits in memory before any check can run.
 
 The app checks the header total again (gateway/app.py), so in-process use without
 this protocol answers the same.
+
+On the response side it enforces `server.write_timeout`: a caller whose connection
+stays over the transport's high-water mark that long without taking a byte is given
+up on (the connection is aborted, its buffered bytes freed); the app learns it from
+the transport it finds in the scope under CALLER_TRANSPORT, which it also uses to
+cut off a streamed response whose upstream body broke.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
@@ -34,10 +43,19 @@ from gateway.errors import HeadersTooLarge, MalformedRequest, ProblemError, UriT
 #: Bytes a single read may add beyond the limit before the head is known to be over it.
 READ_SLACK = 256 * 1024
 
+#: The scope key under which the app finds the response's transport.
+CALLER_TRANSPORT = "gateway.transport"
+
+#: A body write at least this large goes out as it is, after the held head, rather
+#: than copied onto it.
+COALESCE_BELOW = 64 * 1024
+
 
 class GatewayHttpProtocol(HttpToolsProtocol):
     #: The head limit in bytes; read per request, so a config reload applies.
     head_limit: Callable[[], int] = staticmethod(lambda: 16 * 1024)
+    #: server.write_timeout in seconds; read when a write stalls.
+    write_timeout: Callable[[], float] = staticmethod(lambda: 30.0)
 
     def __init__(
         self,
@@ -53,6 +71,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._url_bytes = 0
         self._header_bytes = 0
         self._refusal: ProblemError | None = None
+        self._stall: asyncio.TimerHandle | None = None
+        self._unsent = 0  # bytes buffered for the caller when the stall timer was set
 
     def data_received(self, data: bytes) -> None:
         if self._refusal is not None:
@@ -100,9 +120,47 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         before = self.cycle
         super().on_headers_complete()
         cycle = self.cycle
-        if cycle is not None and cycle is not before and self.scope["method"] != "HEAD":
-            # Its app task has not run yet: every write of this response goes through.
-            cycle.transport = _HeadHolder(self.transport)  # type: ignore[assignment]
+        if cycle is not None and cycle is not before:
+            transport: Any = self.transport
+            if self.scope["method"] != "HEAD":
+                # Its app task has not run yet: every write of this response goes through.
+                transport = cycle.transport = _HeadHolder(self.transport)  # type: ignore[assignment]
+            self.scope[CALLER_TRANSPORT] = transport  # type: ignore[literal-required]
+
+    # -- server.write_timeout: the transport calls these at its high/low-water marks ----
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall is None:
+            self._unsent = self.transport.get_write_buffer_size()
+            self._stall = self.loop.call_later(self.write_timeout(), self._write_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        super().connection_lost(exc)
+
+    def _write_stalled(self) -> None:
+        self._stall = None
+        unsent = self.transport.get_write_buffer_size()
+        if unsent < self._unsent:  # it reads, if slowly: it gets another period
+            self._unsent = unsent
+            self._stall = self.loop.call_later(self.write_timeout(), self._write_stalled)
+            return
+        self.logger.warning(
+            "a caller took nothing of its response for %gs (server.write_timeout): "
+            "connection closed, %d unsent bytes dropped",
+            self.write_timeout(),
+            unsent,
+        )
+        reset(self.transport)
 
     def send_400_response(self, msg: str) -> None:
         refusal = self._refusal or MalformedRequest(
@@ -124,6 +182,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
+def reset(transport: Any) -> None:
+    """Close a caller's connection at once with a reset, its unsent bytes dropped: for a
+    caller that stopped reading, a plain close would leave them (and the socket's
+    buffers, megabytes) waiting in the kernel for a reader that never comes."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
 class _HeadHolder:
     """The response's transport: holds the status line and headers until the first
     body write, so a response sent whole leaves in one write (one syscall where
@@ -143,7 +212,10 @@ class _HeadHolder:
             return
         if head:
             self._head = b""
-            data = head + data
+            if len(data) >= COALESCE_BELOW:
+                self._transport.write(head)  # one write more, not a copy of the body
+            else:
+                data = head + data
         self._transport.write(data)
 
     def close(self) -> None:
@@ -159,10 +231,12 @@ class _HeadHolder:
         return getattr(self._transport, name)
 
 
-def protocol_for(head_limit: Callable[[], int]) -> type[GatewayHttpProtocol]:
-    """The protocol class uvicorn instantiates per connection, reading `head_limit`."""
-    return type(
-        "GatewayHttpProtocol",
-        (GatewayHttpProtocol,),
-        {"head_limit": staticmethod(head_limit)},
-    )
+def protocol_for(
+    head_limit: Callable[[], int], write_timeout: Callable[[], float] | None = None
+) -> type[GatewayHttpProtocol]:
+    """The protocol class uvicorn instantiates per connection, reading `head_limit`
+    (and `write_timeout`)."""
+    settings: dict[str, Any] = {"head_limit": staticmethod(head_limit)}
+    if write_timeout is not None:
+        settings["write_timeout"] = staticmethod(write_timeout)
+    return type("GatewayHttpProtocol", (GatewayHttpProtocol,), settings)

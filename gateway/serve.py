@@ -63,13 +63,15 @@ def uvicorn_server(
     *,
     grace: float = 5.0,
     head_limit: Callable[[], int] | None = None,
+    write_timeout: Callable[[], float] | None = None,
 ) -> uvicorn.Server:
     """A uvicorn server for one listener; with `head_limit`, the gateway's own parser
-    (gateway/framing.py): problem+json refusals and a bounded request head."""
+    (gateway/framing.py): problem+json refusals, a bounded request head, and
+    `write_timeout` for callers that stop reading."""
     host, port = split_listen(listen)
     config = uvicorn.Config(
         app,
-        http=protocol_for(head_limit) if head_limit is not None else "auto",
+        http=protocol_for(head_limit, write_timeout) if head_limit is not None else "auto",
         host=host,
         port=port,
         lifespan="off",
@@ -107,6 +109,7 @@ async def serve(
         config.server.listen,
         grace=grace + 5,
         head_limit=lambda: gateway.config.server.max_header_bytes,
+        write_timeout=lambda: gateway.config.server.write_timeout,
     )
     admin = uvicorn_server(create_admin_app(gateway), config.admin.listen)
     stopping = asyncio.Event()
