@@ -75,7 +75,7 @@ _RETRY = object()
 NEVER_STORED = frozenset({"set-cookie", "set-cookie2"})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, for the same reason as UpstreamResponse
 class Reply:
     status: int
     headers: tuple[tuple[str, str], ...]
@@ -352,15 +352,7 @@ class Engine:
                 settling.add_done_callback(self.tasks.discard)
                 streamed = True
                 return Reply(response.status, response.headers, b"", 0, response.rest, settling)
-            if response.status not in route.cache_statuses:
-                await self._release(route, ref, run_id, f"upstream answered {response.status}")
-                self._count(route, "upstream_error")
-                return Reply(response.status, response.headers, response.body, response.held)
-            stored = self._to_store(route, response)
-            await self._settle(
-                self.store.complete(ref, run_id, stored, route.response_ttl), ref, "complete"
-            )
-            self._count(route, "forwarded")
+            stored = await self._conclude(route, ref, run_id, response)
             return Reply(response.status, response.headers, response.body, response.held)
         finally:
             if not streamed:
@@ -391,25 +383,33 @@ class Engine:
                     task.uncancel()
                 rest.close()
                 reason = "the gateway shut down before the upstream's body was complete"
-                await self._unknown(route, ref, run_id, reason)
-                return
             except OutcomeLost as exc:
                 # The caller's response is cut short too (never completed): the work ran.
-                await self._unknown(route, ref, run_id, exc.reason)
+                reason = exc.reason
+            else:
+                stored = await self._conclude(route, ref, run_id, response)
                 return
-            if response.status not in route.cache_statuses:
-                await self._release(route, ref, run_id, f"upstream answered {response.status}")
-                self._count(route, "upstream_error")
-                return
-            stored = self._to_store(route, response)
-            await self._settle(
-                self.store.complete(ref, run_id, stored, route.response_ttl), ref, "complete"
-            )
-            self._count(route, "forwarded")
+            await self._unknown(route, ref, run_id, reason)
         finally:
             self._local.pop(ref.digest, None)
             if not done.done():
                 done.set_result(stored)
+
+    async def _conclude(
+        self, route: Route, ref: KeyRef, run_id: str, response: UpstreamResponse
+    ) -> StoredResponse | None:
+        """The answer arrived whole: complete the key with it, or release the key for a
+        status the route does not cache. The stored response, if any."""
+        if response.status not in route.cache_statuses:
+            await self._release(route, ref, run_id, f"upstream answered {response.status}")
+            self._count(route, "upstream_error")
+            return None
+        stored = self._to_store(route, response)
+        await self._settle(
+            self.store.complete(ref, run_id, stored, route.response_ttl), ref, "complete"
+        )
+        self._count(route, "forwarded")
+        return stored
 
     async def _release(self, route: Route, ref: KeyRef, run_id: str, reason: str) -> None:
         await self._settle(
@@ -470,9 +470,9 @@ class Engine:
                 parts.body,
                 route.upstream_timeout,
                 route.max_response_body,
-                budget=self.budget,
-                whole_up_to=route.max_stored_body,
-                read_to_end=settles,
+                self.budget,  # budget, whole_up_to, read_to_end (positional: per request)
+                route.max_stored_body,
+                settles,
             )
         finally:
             if response is None or response.rest is None:
