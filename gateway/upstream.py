@@ -116,8 +116,10 @@ class ResponseBudget:
                 stream._budget_freed()
 
     def _wait(self, stream: BodyStream) -> None:
+        """`stream`'s read stays paused until bytes are freed."""
         if stream not in self._waiting:
             self._waiting.append(stream)
+            self._full("paused")
 
     def _full(self, action: str) -> None:
         if self.on_full is not None:
@@ -567,7 +569,7 @@ class BodyStream:
             self._drop_reader()  # too slow for the key's deadline: no more waiting for it
             return
         if self._queued < STREAM_HIGH:
-            budget._full("paused")
+            budget._wait(self)  # its reader is not behind: the process's memory is full
         transport = self._connection.transport
         if transport is None:
             return
