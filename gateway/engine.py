@@ -352,7 +352,11 @@ class Engine:
                 settling.add_done_callback(self.tasks.discard)
                 streamed = True
                 return Reply(response.status, response.headers, b"", 0, response.rest, settling)
-            stored = await self._conclude(route, ref, run_id, response)
+            try:
+                stored = await self._conclude(route, ref, run_id, response)
+            except BaseException:
+                self.budget.release(response.held)  # drain() cancelled it: nobody writes it
+                raise
             return Reply(response.status, response.headers, response.body, response.held)
         finally:
             if not streamed:

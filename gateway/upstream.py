@@ -329,9 +329,6 @@ class _Exchange:
         """forward gives up on this exchange (failed, past its deadline, or cancelled
         before its caller got the answer): free what it holds."""
         budget = self.budget
-        if budget is not None and self.chunks:
-            budget.release(sum(map(len, self.chunks)))
-            self.chunks = []
         future = self.future
         if future.done() and not future.cancelled() and future.exception() is None:
             response = future.result()  # an answer nobody will write
@@ -339,6 +336,9 @@ class _Exchange:
                 budget.release(response.held)
             if response.rest is not None:
                 response.rest.close()
+        elif budget is not None and self.chunks:
+            budget.release(sum(map(len, self.chunks)))  # a body that never came whole
+            self.chunks = []
         if not self.complete and self.connection is not None:
             self.connection.detach()
             self.connection.close()  # an exchange cut short leaves the connection unusable
