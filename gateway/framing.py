@@ -19,9 +19,9 @@ this protocol answers the same.
 
 On the response side it enforces `server.write_timeout`: a caller whose connection
 stays over the transport's high-water mark that long without taking a byte is given
-up on (the connection is aborted, its buffered bytes freed); the app learns it from
-the transport it finds in the scope under CALLER_TRANSPORT, which it also uses to
-cut off a streamed response whose upstream body broke.
+up on (the connection is reset, its buffered bytes freed); the app learns it from the
+transport it finds in the scope under CALLER_TRANSPORT, which it also uses to cut off
+a streamed response whose upstream body broke.
 """
 
 from __future__ import annotations
@@ -196,7 +196,8 @@ def reset(transport: Any) -> None:
 class _HeadHolder:
     """The response's transport: holds the status line and headers until the first
     body write, so a response sent whole leaves in one write (one syscall where
-    uvicorn makes two; the gateway's answers are always whole). Not used for HEAD,
+    uvicorn makes two; most of the gateway's answers are whole). A large first body
+    write goes after the head instead of being copied onto it. Not used for HEAD,
     whose answer has no body write to wait for."""
 
     __slots__ = ("_head", "_transport")

@@ -283,6 +283,38 @@ def test_a_caller_that_never_reads_a_stored_answer(
     assert upstream_stats(streamer, key)["count"] == 1
 
 
+@pytest.mark.parametrize("route", ["stream", "open"])
+def test_a_caller_that_hangs_up_mid_stream(
+    gateway: tuple[Process, int], streamer: Process, route: str
+) -> None:
+    """A caller that takes part of a streamed answer and hangs up: on a keyed route the
+    body is read to its end anyway, as a forward is finished for a caller that hung up,
+    and the key completes; without a key the upstream connection is closed."""
+    process, admin_port = gateway
+    key, size = unique(f"hangup-{route}"), 32 * MiB
+    sock = socket.create_connection(("127.0.0.1", process.port))
+    try:
+        sock.sendall(request_bytes(f"/{route}/job?size={size}", key))
+        got = 0
+        while got < 2 * MiB:
+            chunk = sock.recv(256 * 1024)
+            assert chunk, "the gateway closed first"
+            got += len(chunk)
+    finally:
+        sock.close()
+    if route == "open":
+        until(lambda: upstream_stats(streamer, key)["peer_closed"] == 1, "the upstream let go")
+        assert upstream_stats(streamer, key)["complete"] == 0
+    else:
+        until(lambda: upstream_stats(streamer, key)["complete"] == 1, "the body read to its end")
+        repeat = httpx.post(
+            f"{process.url}/{route}/job?size={size}", headers={"Idempotency-Key": key}, timeout=30
+        )
+        assert repeat.status_code == 200 and repeat.headers["idempotent-body-omitted"] == "true"
+    assert upstream_stats(streamer, key)["count"] == 1
+    until(lambda: buffered(admin_port) == 0, "the buffered bytes went back to 0")
+
+
 # -- read normally -----------------------------------------------------------------------
 
 
