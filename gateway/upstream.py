@@ -106,19 +106,19 @@ class ResponseBudget:
         self.limit = limit
         #: called with "streamed" or "paused" when the limit causes either
         self.on_full = on_full
-        self._waiting: list[BodyStream] = []
+        self._waiting: dict[BodyStream, None] = {}  # in the order they began to wait
 
     def release(self, size: int) -> None:
         self.held -= size
         if self._waiting and self.held <= self.limit:
-            waiting, self._waiting = self._waiting, []
+            waiting, self._waiting = self._waiting, {}
             for stream in waiting:
                 stream._budget_freed()
 
     def _wait(self, stream: BodyStream) -> None:
         """`stream`'s read stays paused until bytes are freed."""
         if stream not in self._waiting:
-            self._waiting.append(stream)
+            self._waiting[stream] = None
             self._full("paused")
 
     def _full(self, action: str) -> None:
