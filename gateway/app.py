@@ -9,9 +9,11 @@ closes the gateway; `cli run` drives both listeners from one gateway instead.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 from dataclasses import replace
+from typing import Any
 from urllib.parse import quote, unquote, unquote_to_bytes
 
 from starlette.types import Message, Receive, Scope, Send
@@ -25,11 +27,12 @@ from gateway.errors import (
     HeadersTooLarge,
     MalformedRequest,
     NoRoute,
+    OutcomeLost,
     PayloadTooLarge,
     ProblemError,
     StoreError,
 )
-from gateway.framing import http_date
+from gateway.framing import CALLER_TRANSPORT, http_date, reset
 from gateway.keys import RequestParts
 from gateway.logs import Trace, current_trace, log_access
 from gateway.metrics import Metrics
@@ -37,7 +40,7 @@ from gateway.reconcile import Reconciler, stop_if_cancelled
 from gateway.routes import Router, remove_dot_segments
 from gateway.store import open_store
 from gateway.store.base import Store
-from gateway.upstream import TrustedProxies, Upstream, valid_host
+from gateway.upstream import BodyStream, ResponseBudget, TrustedProxies, Upstream, valid_host
 
 log = logging.getLogger("gateway")
 
@@ -46,6 +49,9 @@ _FORBIDDEN_IN_HEADER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 #: Seconds between looks at the store's markers (see Store.check_reset).
 STORE_WATCH_INTERVAL = 1.0
+
+#: A whole body larger than this is written in parts of this size (_send_parts).
+WRITE_PART = 256 * 1024
 
 
 class Gateway:
@@ -69,6 +75,8 @@ class Gateway:
         self.router = Router(config.routes)
         self.proxies = TrustedProxies(config.server.trusted_proxies)
         self.engine = Engine(config, self.store, self.upstream, self.metrics)
+        budget = self.engine.budget
+        self.metrics.watch_buffered(lambda: budget.held)
         self.reconciler = Reconciler(config, self.store, self.upstream, self.metrics)
         self.engine.reconciler = self.reconciler
         self.sweep = sweep
@@ -97,6 +105,7 @@ class Gateway:
                 log.exception("store reset check failed")
                 lost = 0
             stop_if_cancelled()
+            self.metrics.refresh_buffered()
             if lost:
                 self.metrics.store_resets.inc()
                 log.error(
@@ -142,6 +151,7 @@ class Gateway:
         self.router = Router(config.routes)
         self.proxies = TrustedProxies(config.server.trusted_proxies)
         self.engine.config = config
+        self.engine.budget.limit = config.server.max_buffered_responses
         self.reconciler.configure(config)
         return kept
 
@@ -229,7 +239,9 @@ class ProxyApp:
             await _send(send, status, raw, payload)
             log_access(trace, status)
             return
-        await _send_reply(send, reply)
+        await _send_reply(send, reply, gateway.engine.budget, scope, receive)
+        if reply.settling is not None:
+            await asyncio.wait([reply.settling])  # so the access log has the key's outcome
         log_access(trace, reply.status)
 
     async def _lifespan_events(self, receive: Receive, send: Send) -> None:
@@ -399,7 +411,90 @@ def _date(headers: list[tuple[bytes, bytes]]) -> None:
     headers.append((b"date", http_date()))
 
 
-async def _send_reply(send: Send, reply: Reply) -> None:
+async def _send_reply(
+    send: Send, reply: Reply, budget: ResponseBudget, scope: Scope, receive: Receive
+) -> None:
     headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in reply.headers]
-    headers.append((b"content-length", str(len(reply.body)).encode()))
-    await _send(send, reply.status, headers, reply.body)
+    body = reply.body
+    try:
+        if reply.rest is not None:
+            await _send_stream(send, reply.status, headers, reply.rest, scope, receive)
+            return
+        headers.append((b"content-length", str(len(body)).encode()))
+        if len(body) <= WRITE_PART:
+            await _send(send, reply.status, headers, body)  # one write, the usual case
+        else:
+            await _send_parts(send, reply.status, headers, body, scope)
+    finally:
+        if reply.held:
+            budget.release(reply.held)
+
+
+async def _send_parts(
+    send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes, scope: Scope
+) -> None:
+    """A large body in parts, each written when the caller has taken enough of the one
+    before (uvicorn's flow control), so a caller that stops reading holds one part in
+    the server's buffers, not the body; server.write_timeout ends its connection."""
+    _date(headers)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    transport = scope.get(CALLER_TRANSPORT)
+    view = memoryview(body)
+    size = len(body)
+    for start in range(0, size, WRITE_PART):
+        end = start + WRITE_PART
+        part = {"type": "http.response.body", "body": view[start:end], "more_body": end < size}
+        await send(part)
+        if transport is not None and transport.is_closing():
+            return  # the caller is gone
+
+
+async def _send_stream(
+    send: Send,
+    status: int,
+    headers: list[tuple[bytes, bytes]],
+    rest: BodyStream,
+    scope: Scope,
+    receive: Receive,
+) -> None:
+    """A body as it arrives. Each part is written once the caller has taken the one
+    before, and the upstream is read no faster. If the body is cut off (or this caller
+    is given up on), the connection closes with the response short of its
+    Content-Length or last chunk: visibly incomplete, never a completed response."""
+    if rest.length is not None:
+        headers.append((b"content-length", str(rest.length).encode()))
+    _date(headers)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    transport = scope.get(CALLER_TRANSPORT)
+    if transport is not None:
+        rest.when_dropped(functools.partial(_cut_off, transport, hard=True))
+    try:
+        while chunk := await rest.read():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if transport is not None and transport.is_closing():
+                break  # the caller is gone (or stopped reading for server.write_timeout)
+        else:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+    except OutcomeLost as exc:
+        if transport is None:
+            raise  # another server: an error is how the connection gets closed
+        _cut_off(transport, exc.reason)
+    finally:
+        rest.abandon()  # what is left is not for this caller (a key's body is still read)
+    # Let the server see the connection gone before this returns, so it does not take
+    # the unfinished response for an app that forgot to finish it.
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _cut_off(transport: Any, reason: str, *, hard: bool = False) -> None:
+    """End a response short. `hard` for a caller given up on: a reset, since it is not
+    reading what the kernel holds for it; otherwise what was sent still arrives, then
+    the close."""
+    if not transport.is_closing():
+        log.warning("response to the caller cut off: %s", reason)
+        if hard:
+            reset(transport)
+        else:
+            transport.abort()

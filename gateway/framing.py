@@ -34,6 +34,12 @@ closes a kept-alive connection after 5 s whatever is arriving on it.
 - `date_header` is off in uvicorn: a forwarded or replayed response keeps the Date it
   has, and the gateway adds one (`http_date`) only to answers that have none.
 
+On the response side it enforces `server.write_timeout`: a caller whose connection
+stays over the transport's high-water mark that long without taking a byte is given
+up on (the connection is reset, its buffered bytes freed); the app learns it from the
+transport it finds in the scope under CALLER_TRANSPORT, which it also uses to cut off
+a streamed response whose upstream body broke.
+
 The app checks the header total again (gateway/app.py), so in-process use without
 this protocol answers the same.
 """
@@ -41,7 +47,9 @@ this protocol answers the same.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
+import socket
 import struct
 import termios
 import time
@@ -78,6 +86,13 @@ LINGER_MAX = 10.0
 
 #: Seconds between log lines about connections refused over server.max_connections.
 CAP_LOG_INTERVAL = 10.0
+
+#: The scope key under which the app finds the response's transport.
+CALLER_TRANSPORT = "gateway.transport"
+
+#: A body write at least this large goes out as it is, after the held head, rather
+#: than copied onto it.
+COALESCE_BELOW = 64 * 1024
 
 _date_second = -1
 _date_value = b""
@@ -139,6 +154,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._stopped = False  # no more requests are read: refused or lingering
         self._lingering = False
         self._linger_until = 0.0
+        self._stall: asyncio.TimerHandle | None = None
+        self._unsent = 0  # bytes buffered for the caller when the stall timer was set
 
     # --- the connection ------------------------------------------------------------
 
@@ -152,6 +169,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
         self.idle.pop(self, None)
         super().connection_lost(exc)
 
@@ -238,9 +258,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle is not before:
+            transport: Any = self.transport
             if self.scope["method"] != "HEAD":
                 # Its app task has not run yet: every write of this response goes through.
-                cycle.transport = _HeadHolder(self, cycle)  # type: ignore[assignment]
+                transport = cycle.transport = _HeadHolder(self, cycle)  # type: ignore[assignment]
+            self.scope[CALLER_TRANSPORT] = transport  # type: ignore[literal-required]
 
     def on_chunk_header(self) -> None:
         # The last chunk's header is followed by the trailer section, any other by
@@ -450,11 +472,52 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         else:
             self._timer = self.loop.call_later(left, self._linger_check)
 
+    # -- server.write_timeout: the transport calls these at its high/low-water marks ----
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall is None:
+            self._unsent = self.transport.get_write_buffer_size()
+            self._stall = self.loop.call_later(self._server.write_timeout, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _write_stalled(self) -> None:
+        self._stall = None
+        unsent = self.transport.get_write_buffer_size()
+        if unsent < self._unsent:  # it reads, if slowly: it gets another period
+            self._unsent = unsent
+            self._stall = self.loop.call_later(self._server.write_timeout, self._write_stalled)
+            return
+        self.logger.warning(
+            "a caller took nothing of its response for %gs (server.write_timeout): "
+            "connection closed, %d unsent bytes dropped",
+            self._server.write_timeout,
+            unsent,
+        )
+        reset(self.transport)
+
+
+def reset(transport: Any) -> None:
+    """Close a caller's connection at once with a reset, its unsent bytes dropped: for a
+    caller that stopped reading, a plain close would leave them (and the socket's
+    buffers, megabytes) waiting in the kernel for a reader that never comes."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
 
 class _HeadHolder:
     """The response's transport: holds the status line and headers until the first
     body write, so a response sent whole leaves in one write (one syscall where
-    uvicorn makes two; the gateway's answers are always whole). Not used for HEAD,
+    uvicorn makes two; most of the gateway's answers are whole). A large first body
+    write goes after the head instead of being copied onto it. Not used for HEAD,
     whose answer has no body write to wait for.
 
     An answer that starts before its request's body has all arrived (a 404 or a 413
@@ -484,7 +547,10 @@ class _HeadHolder:
             return
         if head:
             self._head = b""
-            data = head + data
+            if len(data) >= COALESCE_BELOW:
+                self._transport.write(head)  # one write more, not a copy of the body
+            else:
+                data = head + data
         self._transport.write(data)
 
     def close(self) -> None:
