@@ -9,7 +9,8 @@
     └── ProblemError           answered to a caller as RFC 9457 problem+json
         ├── BadRequest         400: the request cannot be keyed (malformed body, bad key)
         │   ├── MalformedRequest 400: not valid HTTP/1.1 or its framing is ambiguous
-        │   │   └── BadHost      400: no Host (HTTP/1.1), more than one, or an invalid one
+        │   │   ├── BadHost      400: no Host (HTTP/1.1), more than one, or an invalid one
+        │   │   └── UpgradeRefused 400: Connection: upgrade; the gateway does not switch
         │   └── AmbiguousPath  400: an encoded slash or a backslash on a keyed route
         ├── MissingKey         400: the route needs a key and the request has none
         ├── NoRoute            404: no route matches
@@ -145,6 +146,14 @@ class MalformedRequest(BadRequest):
 class BadHost(MalformedRequest):
     slug = "bad-host"
     title = "The request needs exactly one valid Host header; it was not forwarded"
+
+
+class UpgradeRefused(MalformedRequest):
+    slug = "upgrade-refused"
+    title = (
+        "The gateway does not switch protocols; send the request without "
+        "Connection: upgrade. It was not forwarded"
+    )
 
 
 class AmbiguousPath(BadRequest):

@@ -70,6 +70,7 @@ from gateway.errors import (
     ProblemError,
     RequestTimeout,
     TooManyConnections,
+    UpgradeRefused,
     UriTooLong,
 )
 
@@ -250,6 +251,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # the head. The gateway forwards no trailers, so it drops them.
 
     def on_headers_complete(self) -> None:
+        if self.parser.should_upgrade():
+            # llhttp reads nothing after an upgrade request as HTTP any more (its body
+            # and any pipelined request would be lost or misread), and the gateway
+            # speaks HTTP/1.1 only: refused. Raising stops the parser (see on_url).
+            self._refusal = UpgradeRefused(
+                "The request asks to switch protocols (Connection: upgrade); the gateway "
+                "forwards HTTP/1.1 requests only."
+            )
+            raise self._refusal
         self._in_head = False
         self._head_since = None
         self._head_bytes = 0
@@ -279,6 +289,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        self._url_bytes = 0
         self._in_head = True
         self._trailing = False
         self._head_bytes = 0
@@ -430,10 +441,24 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             log=False,
         )
 
+    def _refused_head(self) -> bool:
+        """Whether the refused request is a HEAD, whose answer has no body (RFC 9110
+        9.3.2): the one being parsed, or the cycle's when its head was complete."""
+        if not self._in_head:
+            return bool(self.scope.get("method") == "HEAD")
+        if not self._url_bytes:
+            return False  # llhttp still holds the method of the request before
+        try:
+            return bool(self.parser.get_method() == b"HEAD")
+        except Exception:  # no method parsed yet
+            return False
+
     def _finish(self) -> None:
         refusal = self._refusal
         if self._answer and refusal is not None and not self.transport.is_closing():
             status, headers, payload = refusal.render()
+            if self._refused_head():
+                payload = b""  # the headers (Content-Length included) as a GET's would be
             lines = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
             headers = [*self.server_state.default_headers, (b"date", http_date()), *headers]
             lines += [name + b": " + value + b"\r\n" for name, value in headers]

@@ -527,9 +527,6 @@ class _Exchange:
             return
         self.status = status
         self.in_body = True
-        if self.head:
-            self._finish(keep_alive=False)  # no body follows; the connection is not reused
-            raise _Stop
         if coded and coded != [b"chunked"] and status not in (204, 304):
             # gzip under chunked would be stored decoded once and labelled as nothing
             # (its Transfer-Encoding is hop-by-hop); chunked twice is read once by
@@ -539,6 +536,9 @@ class _Exchange:
                 "the gateway reads chunked alone; the request was sent, its outcome is unknown",
                 self.status,
             )
+            raise _Stop
+        if self.head:
+            self._finish(keep_alive=False)  # no body follows; the connection is not reused
             raise _Stop
         if status in (204, 304) and (length or coded):
             # Taken without a body, as RFC 9110 says; but an upstream that sent one

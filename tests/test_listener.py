@@ -554,6 +554,33 @@ def test_refusal_of_a_request_already_answered_is_not_sent(quick: Gateway, metho
     assert after.closed and not after.answers and not after.rest, after
 
 
+def test_upgrade_request_is_refused_and_nothing_is_forwarded(quick: Gateway) -> None:
+    """llhttp stops reading HTTP at an upgrade request: its body, and a request
+    pipelined after it, would be lost or misread (found by the h11 oracle: the POST
+    was forwarded with an empty body)."""
+    key = unique("upgrade")
+    data = _keyed(key, "/jobs/x", ("Connection", "Upgrade"), ("Upgrade", "h2c"), body=b"{}")
+    data += _keyed(unique("after"))
+    with connect(quick.port) as sock:
+        sock.sendall(data)
+        stream = read_answers(sock, until_close=True)
+    assert [a.status for a in stream.answers] == [400], stream
+    assert stream.answers[0].problem() == "upgrade-refused"
+    assert stream.closed and not stream.rest, stream
+    assert quick.count(key) == 0
+
+
+def test_refusal_of_a_head_request_has_no_body(quick: Gateway) -> None:
+    """RFC 9110 9.3.2: an answer to HEAD has no body, a refusal's neither; bytes after
+    it would be read as the next response (found by the h11 oracle)."""
+    with connect(quick.port) as sock:
+        sock.sendall(b"HEAD /jobs/x HTTP/1.2\r\nHost: x\r\n\r\n")
+        stream = read_answers(sock, until_close=True, bodyless=True)
+    assert [a.status for a in stream.answers] == [400], stream
+    assert int(stream.answers[0].header("content-length") or 0) > 0  # as a GET's would be
+    assert stream.closed and stream.rest == b"", stream
+
+
 def test_pipelined_requests_are_answered_in_order(quick: Gateway) -> None:
     keys = [unique("order") for _ in range(3)]
     sleeps = ["0.4", "0.2", "0"]  # the first finishes last upstream

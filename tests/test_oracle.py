@@ -211,6 +211,16 @@ LISTENER_STRICTER = {
     "be sent as trailers; llhttp refuses a chunked request with one",
     "trailer-fields": "issue 12, item 1: a chunked request's trailer fields are dropped, or "
     "the request is refused",
+    "upgrade": "Connection: upgrade: llhttp stops reading HTTP after an upgrade request (its "
+    "body and what follows would be lost), and the gateway speaks HTTP/1.1 only: refused "
+    "with 400 upgrade-refused (RFC 9110 7.8 lets a server ignore Upgrade; it cannot here)",
+}
+
+#: Where the gateway is more lenient than h11, and why that is harmless: it forwards a
+#: request line of its own making, so the upstream never sees the leniency.
+LISTENER_LENIENT = {
+    "request-line-spaces": "llhttp accepts two spaces between the parts of a request "
+    "line (not RFC 9112 3's grammar; h11 refuses); the upstream gets a single-spaced line",
 }
 
 #: Quirks that let forward() give up (OutcomeLost) on a response h11 reads.
@@ -667,7 +677,8 @@ class Unit:
 @st.composite
 def header_units(draw: st.DrawFn) -> Unit:
     if draw(weighted((3, st.just(False)), (1, st.just(True)))):
-        return Unit(draw(HOP_FIELDS))
+        lines = draw(HOP_FIELDS)
+        return Unit(lines, frozenset({"upgrade"}) if b"Connection: Upgrade" in lines else NONE)
     return Unit((draw(NAMES) + draw(SEPARATORS) + draw(VALUES),))
 
 
@@ -883,6 +894,8 @@ def requests(draw: st.DrawFn, index: int) -> Req:
     gaps = (b" ", b" ")
     if odd == "gaps":
         gaps = draw(st.sampled_from([(b"  ", b" "), (b" ", b"  "), (b"\t", b" "), (b" ", b"\t")]))
+        if b"  " in gaps:
+            quirks |= {"request-line-spaces"}
     framing = draw(framings(odd == "framing"))
     units = [draw(ODD_HOSTS if odd == "host" else HOSTS), framing.unit]
     units += draw(st.lists(header_units(), max_size=3))
@@ -1183,6 +1196,10 @@ def compare(sent: Message, arrival: Message, quirks: frozenset[str]) -> list[tup
         found.append(("forwarded-method", f"{sent.method!r} arrived as {arrival.method!r}"))
     target = origin_form(sent.target)
     allowed = {target}
+    if target.endswith(b"?"):
+        # An empty query is forwarded as none: ASGI's query_string is b"" for both, and
+        # the gateway documents it (README, Paths).
+        allowed.add(target[:-1])
     if "dot-segments-forwarded" in quirks:  # issue 12, item 7: normalised, if at all
         allowed.add(remove_dot_segments(target))
     if arrival.target not in allowed:
@@ -1299,6 +1316,10 @@ class ListenerOracle:
             if len(messages) > 1:
                 found.append(("forwarded-twice", f"{tag} arrived {len(messages)} times"))
             if tag not in parsed:
+                lenient = sorted(quirks.get(tag or "", NONE) & LISTENER_LENIENT.keys())
+                if lenient:
+                    self.tally.excused[lenient[0]] += 1
+                    continue
                 why = reading.why(int(tag.rsplit("r", 1)[1]))
                 found.append(
                     (

@@ -311,6 +311,45 @@ async def test_interim_answer_announcing_a_body_is_an_unknown_outcome(
         await post(client, server.url + "/")
 
 
+@pytest.mark.parametrize(
+    "coding",
+    [b"gzip, chunked", b"chunked, chunked", b"chunked\r\nTransfer-Encoding: chunked"],
+)
+async def test_transfer_codings_other_than_chunked_alone_are_an_unknown_outcome(
+    serve: Callable[[Handler], RawServer], client: Upstream, coding: bytes
+) -> None:
+    """Found by the h11 oracle: under gzip the chunk-decoded body was returned still
+    gzip-coded with nothing saying so (Transfer-Encoding is hop-by-hop), and chunked
+    twice was read once. Neither is the body the upstream meant."""
+
+    async def handler(peer: Peer) -> None:
+        await peer.request()
+        body = b"3\r\nabc\r\n0\r\n\r\n"
+        await peer.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: " + coding + b"\r\n\r\n" + body)
+        await asyncio.sleep(5)
+
+    server = serve(handler)
+    with pytest.raises(OutcomeLost, match="Transfer-Encoding"):
+        await post(client, server.url + "/")
+
+
+async def test_trailing_whitespace_of_a_header_value_is_not_part_of_it(
+    serve: Callable[[Handler], RawServer], client: Upstream
+) -> None:
+    """RFC 9110 5.5: whitespace around a field value is not part of it; llhttp strips
+    the leading, not the trailing (found by the h11 oracle)."""
+
+    async def handler(peer: Peer) -> None:
+        await peer.request()
+        await peer.send(
+            b"HTTP/1.1 200 OK\r\nCache-Control:  no-store \t\r\nContent-Length: 2\r\n\r\nok"
+        )
+
+    server = serve(handler)
+    response = await post(client, server.url + "/")
+    assert dict(response.headers)["cache-control"] == "no-store"
+
+
 # -- 9: a connection closed as it is handed on ---------------------------------------
 
 
