@@ -572,7 +572,7 @@ class _Exchange:
             return
         self.status = status
         self.in_body = True
-        if coded and coded != [b"chunked"] and status not in (204, 304):
+        if coded and coded != [b"chunked"]:
             # gzip under chunked would be stored decoded once and labelled as nothing
             # (its Transfer-Encoding is hop-by-hop); chunked twice is read once by
             # llhttp: either way the body is not what the upstream meant.
