@@ -104,7 +104,7 @@ MUTANTS = [
     Mutant(
         name="decoded-path-forwarded",
         path="gateway/app.py",
-        old="                path=_raw_path(scope),",
+        old="                path=raw_path,",
         new='                path=scope["path"],',
         tests=(
             f"{HOSTILE}::test_encoded_paths_are_forwarded_as_sent",
