@@ -59,7 +59,7 @@ MUTANTS = [
     ),
     Mutant(
         name="encryption-duplicate-keys-accepted",
-        path="gateway/config.py",
+        path="gateway/config/store.py",
         old="            if other == key:",
         new="            if False:",
         tests=(T + "test_config_errors_name_the_place_and_the_fix_never_the_key",),
@@ -67,7 +67,7 @@ MUTANTS = [
     ),
     Mutant(
         name="encryption-check-config-shows-the-key",
-        path="gateway/config.py",
+        path="gateway/config/summary.py",
         old="new responses sealed with key id {key_id(store.encryption_key).hex()}",
         new="new responses sealed with key id {store.encryption_key.hex()}",
         tests=(T + "test_keys_come_from_the_environment_and_stay_out_of_cli_output",),
@@ -75,9 +75,9 @@ MUTANTS = [
     ),
     Mutant(
         name="encryption-config-error-quotes-the-key",
-        path="gateway/config.py",
+        path="gateway/config/store.py",
         old="""'expected a list; write e.g. previous_encryption_keys: ["${OLD_KEY}"]'""",
-        new='f"expected a list, got {kind(value)}"',
+        new='f"expected a list, got {show(value)}"',
         tests=(T + "test_config_errors_name_the_place_and_the_fix_never_the_key",),
         breaks="a key written without [brackets] is quoted in the config error",
     ),

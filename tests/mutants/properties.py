@@ -99,7 +99,7 @@ MUTANTS = [
     ),
     Mutant(
         name="config-allows-glued-template-parts",
-        path="gateway/_parse.py",
+        path="gateway/config/templates.py",
         old='if not between or between.startswith("\\\\"):',
         new="if False:",
         tests=(P + "test_config_refuses_templates_that_would_collide",),
@@ -132,7 +132,7 @@ MUTANTS = [
     # -- config -----------------------------------------------------------------------
     Mutant(
         name="config-listen-type-error-escapes",
-        path="gateway/config.py",
+        path="gateway/config/loading.py",
         old="except (ValueError, TypeError, AttributeError):",
         new="except ValueError:",
         tests=(P + "test_config_parsing_answers_config_or_config_error",),

@@ -1,0 +1,142 @@
+"""Loading a config file: YAML (duplicate keys refused), ${VAR} interpolation, then
+validation of every section; all problems are reported together."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from gateway.config.addresses import check_listen_clash, parse_listen
+from gateway.config.issues import Issues
+from gateway.config.model import AdminConfig, Config, ServerConfig, _admin, _server
+from gateway.config.routes import _routes
+from gateway.config.store import _store
+from gateway.config.text import join, show
+from gateway.errors import ConfigError, ConfigIssue
+
+_ENV_RE = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
+_ENV_NAME_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::([-?])(.*))?", re.DOTALL)
+
+
+def interpolate(data: object, path: str, issues: Issues, env: dict[str, str]) -> object:
+    """Expands ${VAR}, ${VAR:-default} and ${VAR:?message} in every string scalar."""
+    if isinstance(data, dict):
+        return {k: interpolate(v, join(path, str(k)), issues, env) for k, v in data.items()}
+    if isinstance(data, list):
+        return [interpolate(v, f"{path}[{i}]", issues, env) for i, v in enumerate(data)]
+    if isinstance(data, str) and "$" in data:
+        return _expand(data, path, issues, env)
+    return data
+
+
+def _expand(text: str, path: str, issues: Issues, env: dict[str, str]) -> str:
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$${":
+            return "${"
+        inner = match.group(1)
+        ref = _ENV_NAME_RE.fullmatch(inner) if inner is not None else None
+        if ref is None:
+            issues.add(
+                path,
+                f"{show(match.group(0))} is not a valid environment reference; write "
+                "${NAME}, ${NAME:-default} or ${NAME:?message}, or $${ for a literal ${",
+            )
+            return ""
+        name, op, arg = ref.groups()
+        value = env.get(name)
+        if op == "-":
+            return value if value else arg
+        if op == "?" and not value:
+            why = arg or "it is required"
+            issues.add(path, f"environment variable {name} is not set: {why}")
+            return ""
+        return value or ""
+
+    return _ENV_RE.sub(replace, text)
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys, which PyYAML would silently overwrite."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f'"{key}" is given twice in one mapping', key_node.start_mark
+                )
+            seen.add(key) if isinstance(key, str) else None
+        return super().construct_mapping(node, deep=deep)
+
+
+def yaml_message(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    what = f"{problem} ({context})" if context else problem
+    if "'{'" in problem or "'}'" in problem:
+        # Path patterns and templates are the usual cause: {name} opens a YAML mapping.
+        what += '; quote text holding { or }, e.g. path: "/jobs/{name}"'
+    if mark is None:
+        return f"not valid YAML: {what}"
+    return f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {what}"
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Reads, interpolates and validates a YAML config; raises ConfigError listing every problem."""
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError(
+            source, [ConfigIssue("", "file not found; pass the path of a YAML config file")]
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(source, [ConfigIssue("", f"cannot read the file: {reason}")]) from None
+    try:
+        # UniqueKeyLoader is a SafeLoader: YAML tags cannot build arbitrary objects.
+        data = yaml.load(text, Loader=UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [ConfigIssue("", yaml_message(exc))]) from None
+    return parse_config(data, source)
+
+
+def parse_config(data: object, source: str, env: Mapping[str, str] | None = None) -> Config:
+    """Validates already-loaded YAML data; `env` defaults to os.environ for ${VAR}."""
+    issues = Issues()
+    if data is None:
+        issues.add("", "the file is empty; it needs at least a routes: list")
+        raise ConfigError(source, issues.items)
+    data = interpolate(data, "", issues, dict(os.environ if env is None else env))
+    top = issues.mapping(data, "", "server: ..., routes: [...]")
+    if top is None:
+        raise ConfigError(source, issues.items)
+    issues.known(top, ("server", "admin", "store", "defaults", "routes"), "")
+    server = _server(top.get("server", {}), issues)
+    admin = _admin(top.get("admin", {}), issues)
+    store = _store(top.get("store", {}), issues)
+    server_listen = _listen_text(top.get("server"), ServerConfig().listen)
+    admin_listen = _listen_text(top.get("admin"), AdminConfig().listen)
+    if server_listen and admin_listen:
+        check_listen_clash(server_listen, admin_listen, issues)
+    routes = _routes(top, issues)
+    if issues.items or server is None or admin is None or store is None or routes is None:
+        raise ConfigError(source, issues.items)
+    return Config(routes=routes, server=server, admin=admin, store=store, source=source)
+
+
+def _listen_text(section: object, default: str) -> str | None:
+    """The section's listen address if it is valid; a bad one was reported already."""
+    value = section.get("listen", default) if isinstance(section, dict) else default
+    try:
+        parse_listen(value)
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
