@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.config.issues import INVALID, Issues, choice_of
-from gateway.config.templates import check_template
+from gateway.config.templates import compile_template, scan_template
 from gateway.config.text import kind, show
 from gateway.config.types import (
     REQUEST_PARTS,
     compile_jmespath,
     is_token,
+    jmespath_or_problem,
     request_parts,
     timezone_problem,
 )
@@ -63,7 +64,18 @@ class KeySource:
     kind: KeySourceKind
     name: str = ""
     parts: tuple[str, ...] = ()
+    #: body: the compiled JMESPath; template: the compiled Template (gateway.keys renders it)
     compiled: Any = None
+
+    def __post_init__(self) -> None:
+        # Compiled here, when the config loads: a request never parses a source again.
+        if self.compiled is None and self.kind in ("body", "template"):
+            compiled = compile_template(self.name) if self.kind == "template" else None
+            if self.kind == "body":
+                compiled, problem = jmespath_or_problem(self.name)
+                if problem:
+                    raise ValueError(f"key body {show(self.name)}: {problem}")
+            object.__setattr__(self, "compiled", compiled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,9 +188,11 @@ def _key(value: object, path: str, issues: Issues) -> Any:
     refs: list[tuple[str, str]] = []
     uses_period = False
     for template, where in templates:
-        uses, found = check_template(template, where, issues, has_period=period is not None)
-        uses_period = uses_period or uses
-        refs.extend((param, where) for param in found)
+        scan = scan_template(template, has_period=period is not None)
+        for problem in scan.problems:
+            issues.add(where, problem)
+        uses_period = uses_period or scan.uses_period
+        refs.extend((param, where) for param in scan.path_params)
     if not sources and period is None:
         issues.add(path, f"no key source; write e.g. {example}, or period: 1d for a cron job")
         return INVALID
@@ -258,5 +272,10 @@ def _source(
         return None if compiled is None else KeySource(kind="body", name=text, compiled=compiled)
     if source_kind == "template":
         templates.append((text, path))
+        scan = scan_template(text)
+        if scan.problems:
+            # Reported with the key's other template checks; the config is refused, so
+            # the scan stands in for the compiled template that cannot be made.
+            return KeySource(kind="template", name=text, compiled=scan)
     # source_kind is always one of _SOURCE_KINDS, which mypy cannot see through the loop.
     return KeySource(kind=source_kind, name=text)  # type: ignore[arg-type]

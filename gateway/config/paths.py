@@ -1,13 +1,35 @@
-"""The route path pattern grammar: `/jobs/{name}`, `/files/{rest:path}`."""
+"""The route path pattern grammar, `/jobs/{name}` and `/files/{rest:path}`: its one owner.
+
+`scan_path_pattern` says what is wrong with a pattern in the words config errors use;
+`compile_path_pattern` gives the regex the router matches requests with. `{name}`
+matches one path segment, `{name:path}` the rest of the path, slashes included.
+"""
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
 
 from gateway.config.text import show
 from gateway.config.types import is_identifier
 
 
-def parse_path_pattern(path: str) -> tuple[list[str], list[str]]:
-    """Returns the pattern's parameter names and what is wrong with it."""
+@dataclass(frozen=True, slots=True)
+class PathPattern:
+    text: str
+    params: tuple[str, ...]
+    regex: re.Pattern[str]  # fullmatch it; its groups are the parameters
+
+
+class PathPatternError(ValueError):
+    def __init__(self, text: str, problems: list[str]) -> None:
+        super().__init__(f"path {show(text)}: " + "; and ".join(problems))
+        self.problems = problems
+
+
+def scan_path_pattern(path: str) -> tuple[list[str], list[str]]:
+    """The pattern's parameter names, and what is wrong with it."""
     problems: list[str] = []
     params: list[str] = []
     if not path.startswith("/"):
@@ -39,3 +61,20 @@ def parse_path_pattern(path: str) -> tuple[list[str], list[str]]:
         else:
             params.append(name)
     return params, problems
+
+
+@lru_cache(maxsize=256)
+def compile_path_pattern(path: str) -> PathPattern:
+    """The pattern's regex; PathPatternError (a ValueError) says what is wrong."""
+    params, problems = scan_path_pattern(path)
+    if problems:
+        raise PathPatternError(path, problems)
+    parts = ["/"]
+    for segment in path[1:].split("/"):
+        if segment.startswith("{"):
+            name, _, converter = segment[1:-1].partition(":")
+            parts.append(f"(?P<{name}>.*)" if converter else f"(?P<{name}>[^/]+)")
+        else:
+            parts.append(re.escape(segment))
+        parts.append("/")
+    return PathPattern(path, tuple(params), re.compile("".join(parts[:-1])))

@@ -10,7 +10,7 @@ from typing import Any
 from gateway.config.addresses import check_http_url
 from gateway.config.issues import INVALID, Issues, choice_of, flag
 from gateway.config.keys import _key
-from gateway.config.templates import TEMPLATE_TOKEN_RE, template_placeholders
+from gateway.config.templates import TEMPLATE_TOKEN_RE, split_placeholders
 from gateway.config.text import show
 from gateway.config.types import (
     REQUEST_PARTS,
@@ -117,7 +117,7 @@ def reconcile_url(value: object, path: str, issues: Issues) -> Any:
     url = issues.text(value, path)
     if url is None:
         return INVALID
-    placeholders, problems = template_placeholders(url)
+    placeholders, problems = split_placeholders(url)
     for name in placeholders:
         if name not in ("key", "route", "run_id"):
             problems.append(f"unknown placeholder {{{name}}}; use {{key}}, {{route}} or {{run_id}}")

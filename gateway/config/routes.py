@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from gateway.config.issues import INVALID, Issues
 from gateway.config.keys import KeySpec, _ParsedKey
-from gateway.config.paths import parse_path_pattern
+from gateway.config.paths import scan_path_pattern
 from gateway.config.route_settings import (
     _ROUTE_SETTINGS,
     DEFAULT_CACHE_STATUSES,
@@ -170,7 +170,7 @@ def _match(value: object, path: str, issues: Issues) -> tuple[Any, str | None, l
     pattern = issues.text(match["path"], f"{path}.path")
     if pattern is None:
         return methods, None, []
-    params, problems = parse_path_pattern(pattern)
+    params, problems = scan_path_pattern(pattern)
     for problem in problems:
         issues.add(f"{path}.path", problem)
     return methods, None if problems else pattern, params

@@ -180,12 +180,19 @@ def timezone_problem(name: object) -> str | None:
     return message + ", Europe/Berlin or America/New_York"
 
 
-def compile_jmespath(expression: str, path: str, issues: Issues) -> Any:
+def jmespath_or_problem(expression: str) -> tuple[Any, str | None]:
+    """The compiled expression, or None and what is wrong with it."""
     try:
-        return jmespath.compile(expression)
+        return jmespath.compile(expression), None
     except jmespath.exceptions.JMESPathError as exc:
-        issues.add(path, f"not a valid JMESPath expression: {_jmespath_reason(exc)}")
-        return None
+        return None, f"not a valid JMESPath expression: {_jmespath_reason(exc)}"
+
+
+def compile_jmespath(expression: str, path: str, issues: Issues) -> Any:
+    compiled, problem = jmespath_or_problem(expression)
+    if problem:
+        issues.add(path, problem)
+    return compiled
 
 
 def _jmespath_reason(exc: jmespath.exceptions.JMESPathError) -> str:
