@@ -456,6 +456,7 @@ def test_yaml_syntax_error_has_line_and_column(tmp_path: Path) -> None:
     (issue,) = caught.value.issues
     assert issue.message.startswith("not valid YAML at line ")
     assert "column" in issue.message
+    assert str(caught.value).startswith(f"{path}:{issue.line}:{issue.column}: not valid YAML")
     assert "Traceback" not in str(caught.value)
 
 
@@ -807,8 +808,53 @@ def test_all_errors_are_reported_together(tmp_path: Path) -> None:
         "routes[1].name",
     ]
     text = str(caught.value)
-    assert text.count(str(path) + ": ") == 5
-    assert f'{path}: routes[0].kye: unknown setting; did you mean "key"?' in text
+    assert [line.split(": ")[0] for line in text.splitlines()] == [
+        f"{path}:1:26",
+        f"{path}:2:14",
+        f"{path}:7:5",
+        f"{path}:11:17",
+        f"{path}:8:11",
+    ]
+    assert f'{path}:7:5: routes[0].kye: unknown setting; did you mean "key"?' in text
+
+
+def test_errors_name_the_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        "server:\n"
+        "  listen: '8080'\n"
+        "routes:\n"
+        "  - name: a\n"
+        "    match:\n"
+        "      methods: [POST, 'a b']\n"
+        "    upstream: ${UP:?set UP}\n"
+        "    defaults: {}\n"
+        "    key:\n"
+        "      sources:\n"
+        "        - {header: A, period: 1d}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    where = {issue.path: (issue.line, issue.column) for issue in caught.value.issues}
+    assert where == {
+        "server.listen": (2, 11),  # the value
+        "routes[0].upstream": (7, 15),
+        "routes[0].defaults": (8, 5),  # an unknown setting: its name
+        "routes[0].match.methods[1]": (6, 23),
+        "routes[0].match.path": (6, 7),  # missing: the mapping it is missing from
+        "routes[0].key.sources[0].period": (11, 23),
+    }
+    lines = str(caught.value).splitlines()
+    assert any(line.startswith(f'{path}:2:11: server.listen: "8080" is not an') for line in lines)
+    assert f"{path}:7:15: routes[0].upstream: environment variable UP is not set: set UP" in lines
+
+
+def test_errors_without_a_file_have_no_position() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse({"routes": [route(wait_timeout="soon")]})
+    (issue,) = caught.value.issues
+    assert (issue.line, issue.column) == (0, 0)
+    assert str(caught.value).startswith("test.yaml: routes[0].wait_timeout: ")
 
 
 # -- describe -----------------------------------------------------------------------------

@@ -17,12 +17,17 @@ class Issues:
 
     def __init__(self) -> None:
         self.items: list[ConfigIssue] = []
+        #: issues about a setting's name (unknown, misplaced), not its value: their
+        #: position in the file is the name's
+        self.at_names: set[ConfigIssue] = set()
 
-    def add(self, path: str, message: str) -> None:
+    def add(self, path: str, message: str, *, at_name: bool = False) -> None:
         issue = ConfigIssue(path, message)
         # Settings inherited from `defaults` are checked once per route; one report is enough.
         if issue not in self.items:
             self.items.append(issue)
+        if at_name:
+            self.at_names.add(issue)
 
     def mapping(self, value: object, path: str, example: str = "") -> dict[str, Any] | None:
         if isinstance(value, dict):
@@ -36,7 +41,7 @@ class Issues:
         names = sorted(valid)
         for name in data:
             if name not in names:
-                self.add(join(path, str(name)), unknown_setting(str(name), names))
+                self.add(join(path, str(name)), unknown_setting(str(name), names), at_name=True)
 
     def text(
         self, value: object, path: str, *, empty_ok: bool = False, secret: bool = False

@@ -237,7 +237,9 @@ def _source_item(
         return None
     for name in raw:
         if name in (*_KEY_OPTIONS, "sources"):
-            issues.add(f"{path}.{name}", f"set {name} on the key itself, next to sources:")
+            issues.add(
+                f"{path}.{name}", f"set {name} on the key itself, next to sources:", at_name=True
+            )
             return None
     issues.known(raw, _SOURCE_KINDS, path)
     kinds = [name for name in _SOURCE_KINDS if name in raw]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
@@ -19,6 +20,7 @@ from gateway.config.text import join, show
 from gateway.errors import ConfigError, ConfigIssue
 
 _ENV_RE = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
+_MAX_POSITIONS = 100_000
 _ENV_NAME_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::([-?])(.*))?", re.DOTALL)
 
 
@@ -87,6 +89,78 @@ def yaml_message(exc: yaml.YAMLError) -> str:
     return f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {what}"
 
 
+@dataclass(frozen=True, slots=True)
+class Positions:
+    """Where in the file each YAML path's value is, and each setting's name: errors
+    name the line and column (`config.yaml:14:7`) as well as the path."""
+
+    values: dict[str, tuple[int, int]]
+    names: dict[str, tuple[int, int]]
+
+    def of(self, path: str, *, at_name: bool = False) -> tuple[int, int]:
+        """A setting that is missing points at the mapping it is missing from."""
+        if at_name and path in self.names:
+            return self.names[path]
+        while path not in self.values and path:
+            cut = max(path.rfind("."), path.rfind("["))
+            path = path[: max(cut, 0)]
+        return self.values.get(path, (0, 0))
+
+    def locate(self, issues: Issues) -> list[ConfigIssue]:
+        located = []
+        for issue in issues.items:
+            line, column = self.of(issue.path, at_name=issue in issues.at_names)
+            located.append(replace(issue, line=line, column=column))
+        return located
+
+
+def _mark(node: yaml.Node) -> tuple[int, int]:
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+def _record(
+    loader: UniqueKeyLoader, node: yaml.Node, path: str, found: Positions, seen: set[int]
+) -> None:
+    found.values[path] = _mark(node)
+    # An alias may hold itself; and a file's positions are bounded like its size.
+    if id(node) in seen or len(found.values) > _MAX_POSITIONS:
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        # After construction: merge keys (<<) are flattened in, later entries win.
+        for key_node, value_node in node.value:
+            # The name as the data has it (`1:` is the number 1, `~:` is None).
+            scalar = isinstance(key_node, yaml.ScalarNode)
+            child = join(path, str(loader.construct_object(key_node) if scalar else key_node.value))
+            found.names[child] = _mark(key_node)
+            _record(loader, value_node, child, found, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _record(loader, item, f"{path}[{i}]", found, seen)
+    seen.discard(id(node))
+
+
+def read_yaml(text: str, source: str) -> tuple[object, Positions]:
+    """The file's data, and where each value is in it; ConfigError for bad YAML."""
+    loader: UniqueKeyLoader | None = None
+    try:
+        # UniqueKeyLoader is a SafeLoader: YAML tags cannot build arbitrary objects.
+        loader = UniqueKeyLoader(text)  # reads the first characters: may raise already
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+        found = Positions({}, {})
+        if node is not None:
+            _record(loader, node, "", found, set())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line, column = (mark.line + 1, mark.column + 1) if mark is not None else (0, 0)
+        raise ConfigError(source, [ConfigIssue("", yaml_message(exc), line, column)]) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    return data, found
+
+
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Reads, interpolates and validates a YAML config; raises ConfigError listing every problem."""
     source = os.fspath(path)
@@ -100,24 +174,30 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError(source, [ConfigIssue("", f"cannot read the file: {reason}")]) from None
-    try:
-        # UniqueKeyLoader is a SafeLoader: YAML tags cannot build arbitrary objects.
-        data = yaml.load(text, Loader=UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        raise ConfigError(source, [ConfigIssue("", yaml_message(exc))]) from None
-    return parse_config(data, source)
+    data, positions = read_yaml(text, source)
+    config, issues = _validate(data, source, os.environ)
+    if config is None:
+        raise ConfigError(source, positions.locate(issues))
+    return config
 
 
 def parse_config(data: object, source: str, env: Mapping[str, str] | None = None) -> Config:
     """Validates already-loaded YAML data; `env` defaults to os.environ for ${VAR}."""
+    config, issues = _validate(data, source, os.environ if env is None else env)
+    if config is None:
+        raise ConfigError(source, issues.items)
+    return config
+
+
+def _validate(data: object, source: str, env: Mapping[str, str]) -> tuple[Config | None, Issues]:
     issues = Issues()
     if data is None:
         issues.add("", "the file is empty; it needs at least a routes: list")
-        raise ConfigError(source, issues.items)
-    data = interpolate(data, "", issues, dict(os.environ if env is None else env))
+        return None, issues
+    data = interpolate(data, "", issues, dict(env))
     top = issues.mapping(data, "", "server: ..., routes: [...]")
     if top is None:
-        raise ConfigError(source, issues.items)
+        return None, issues
     issues.known(top, ("server", "admin", "store", "defaults", "routes"), "")
     server = _server(top.get("server", {}), issues)
     admin = _admin(top.get("admin", {}), issues)
@@ -128,8 +208,8 @@ def parse_config(data: object, source: str, env: Mapping[str, str] | None = None
         check_listen_clash(server_listen, admin_listen, issues)
     routes = _routes(top, issues)
     if issues.items or server is None or admin is None or store is None or routes is None:
-        raise ConfigError(source, issues.items)
-    return Config(routes=routes, server=server, admin=admin, store=store, source=source)
+        return None, issues
+    return Config(routes=routes, server=server, admin=admin, store=store, source=source), issues
 
 
 def _listen_text(section: object, default: str) -> str | None:

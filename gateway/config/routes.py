@@ -60,9 +60,11 @@ def _routes(top: dict[str, Any], issues: Issues) -> tuple[Route, ...] | None:
         for name, value in (mapping or {}).items():
             path = join("defaults", str(name))
             if name in ("name", "match", "upstream"):
-                issues.add(path, f"{name} can only be set on a route, not under defaults")
+                issues.add(
+                    path, f"{name} can only be set on a route, not under defaults", at_name=True
+                )
             elif name not in _ROUTE_SETTINGS:
-                issues.add(path, unknown_setting(str(name), sorted(_ROUTE_SETTINGS)))
+                issues.add(path, unknown_setting(str(name), sorted(_ROUTE_SETTINGS)), at_name=True)
             else:
                 defaults[name] = (_ROUTE_SETTINGS[name](value, path, issues), path)
     raw_routes = top.get("routes")
@@ -107,11 +109,12 @@ def _route(
             issues.add(
                 join(path, setting),
                 f"{setting} belongs under match:, e.g. match: {{{setting}: ...}}",
+                at_name=True,
             )
             ok = False
         elif setting not in ("name", "match", "upstream") and setting not in _ROUTE_SETTINGS:
             valid = sorted(("name", "match", "upstream", *_ROUTE_SETTINGS))
-            issues.add(join(path, str(setting)), unknown_setting(str(setting), valid))
+            issues.add(join(path, str(setting)), unknown_setting(str(setting), valid), at_name=True)
             ok = False
     name = route_name(route.get("name"), f"{path}.name", issues)
     methods, pattern, params = _match(route.get("match"), f"{path}.match", issues)
