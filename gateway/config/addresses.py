@@ -1,15 +1,18 @@
-"""Addresses: the listen grammar (`host:port`, `[v6]:port`) and the URLs of
-upstreams and stores, with passwords masked in anything shown."""
+"""Addresses: the listen grammar (`host:port`, `[v6]:port`), its one owner (config
+validation checks with it, gateway.serve binds with it), and the URLs of upstreams,
+stores and reconcile checks, with passwords masked in anything shown."""
 
 from __future__ import annotations
 
 import difflib
 import re
-from typing import Any
+from typing import Annotated
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from gateway.config.issues import INVALID, Issues
+from gateway.config.issues import Problems, raise_at
+from gateway.config.templates import TEMPLATE_TOKEN_RE, split_placeholders
 from gateway.config.text import show
+from gateway.config.types import Check, items, text
 
 _STORE_SCHEMES = ("memory", "redis", "rediss", "unix")
 _SECRET_PARAMS = {"password", "pass", "pwd", "secret", "token", "auth"}
@@ -108,22 +111,76 @@ def store_url_problem(url: str) -> str | None:
     return None
 
 
-def listen_address(value: object, path: str, issues: Issues) -> Any:
-    text = issues.text(value, path)
-    if text is None:
-        return INVALID
-    try:
-        parse_listen(text)
-    except ValueError as exc:
-        issues.add(path, str(exc))
-        return INVALID
-    return text
+def _listen(value: object) -> str:
+    address = text(value)
+    parse_listen(address)
+    return address
 
 
-def check_listen_clash(server: str, admin: str, issues: Issues) -> None:
-    if listen_clash(parse_listen(server), parse_listen(admin)):
-        issues.add(
-            "admin.listen",
-            f"{show(admin)} clashes with server.listen {show(server)}; give the "
-            'operator API its own port, e.g. "127.0.0.1:9090"',
-        )
+def _nodes(value: object) -> tuple[tuple[str, int], ...]:
+    example = '["10.0.0.1:26379", "10.0.0.2:26379"]'
+    if value is None:
+        raise ValueError(f"list the nodes, e.g. nodes: {example}")
+    found = items(value, example)
+    if not found:
+        raise ValueError(f"list at least one node, e.g. nodes: {example}")
+    nodes: list[tuple[str, int]] = []
+    for i, item in enumerate(found):
+        try:
+            if isinstance(item, tuple):  # (host, port), from Python
+                nodes.append((str(item[0]), int(item[1])))
+            else:
+                nodes.append(parse_listen(text(item)))
+        except ValueError as exc:
+            raise_at((i,), str(exc))
+    return tuple(nodes)
+
+
+def _upstream(value: object) -> str:
+    if value is None:
+        raise ValueError("every route needs an upstream, e.g. upstream: http://127.0.0.1:5000")
+    url = text(value)
+    problem = check_http_url(url, allow_query=False)
+    if problem:
+        raise ValueError(problem)
+    return url.rstrip("/")
+
+
+def _store_url(value: object) -> str:
+    url = text(value)
+    problem = store_url_problem(url)
+    if problem:
+        raise ValueError(problem)
+    return url
+
+
+RECONCILE_EXAMPLE = "{url: 'http://127.0.0.1:5000/jobs/{key}/status', done: [200], not_done: [404]}"
+
+
+def _reconcile_url(value: object) -> str:
+    if value is None:
+        raise ValueError(f"missing; write e.g. url: {RECONCILE_EXAMPLE[6:41]}")
+    url = text(value)
+    names, found = split_placeholders(url)
+    for name in names:
+        if name not in ("key", "route", "run_id"):
+            found.append(f"unknown placeholder {{{name}}}; use {{key}}, {{route}} or {{run_id}}")
+    problem = check_http_url(TEMPLATE_TOKEN_RE.sub("x", url), allow_query=True)
+    problems = Problems()
+    for message in [*found, *([problem] if problem else [])]:
+        problems.add((), message)
+    problems.raise_if_any()
+    return url
+
+
+_ADDRESS = {"type": "string", "pattern": r"^(\[[0-9A-Fa-f:.]+\]|[^:\[\]]+):[0-9]{1,5}$"}
+_HTTP = {"type": "string", "pattern": "^https?://"}
+_STORE = {"type": "string", "pattern": "^(memory|redis|rediss|unix)://"}
+
+ListenAddress = Annotated[str, Check(_listen, _ADDRESS)]
+HostPorts = Annotated[
+    tuple[tuple[str, int], ...], Check(_nodes, {"type": "array", "items": _ADDRESS, "minItems": 1})
+]
+UpstreamUrl = Annotated[str, Check(_upstream, _HTTP)]
+StoreUrl = Annotated[str, Check(_store_url, _STORE)]
+ReconcileUrl = Annotated[str, Check(_reconcile_url, _HTTP)]

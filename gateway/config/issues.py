@@ -1,19 +1,128 @@
-"""The issue collector: every problem in a file is reported in one run."""
+"""Config problems: how validators report them, at their place in the file's YAML tree,
+and how pydantic's errors become the `ConfigIssue`s a user reads.
+
+A validator raises `ValueError(message)` for a problem with the value it was given, or
+collects several problems at deeper places (`methods[1]`) in `Problems` and raises them
+together. Every message says what is wrong and what to write instead; pydantic's own
+wording only shows up for objects built wrongly in Python, never for a file.
+"""
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable, Iterable
 from typing import Any
 
-from gateway.config.text import join, kind, secret_kind, show, unknown_setting
+from pydantic import TypeAdapter, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from gateway.config.text import join
 from gateway.errors import ConfigIssue
 
-INVALID: Any = object()  # a setting whose value was wrong; already reported
+#: A place in the YAML tree: ("routes", 2, "key", "body") is routes[2].key.body.
+Loc = tuple[str | int, ...]
+
+INVALID: Any = object()  # a value whose problems were reported
+
+
+def message_of(error: Any) -> str:
+    """The user's message of one of pydantic's line errors."""
+    ctx = error.get("ctx") or {}
+    if error["type"] == "config":
+        return str(ctx["message"])
+    if error["type"] == "value_error" and "error" in ctx:
+        return str(ctx["error"])
+    return str(error["msg"])
+
+
+def at_name(error: Any) -> bool:
+    """Whether the problem is the setting's name (unknown, misplaced), not its value."""
+    return bool((error.get("ctx") or {}).get("at_name"))
+
+
+class Problems:
+    """A validator's problems at their places, raised together as one ValidationError."""
+
+    def __init__(self) -> None:
+        self.lines: list[InitErrorDetails] = []
+        self._places: list[Loc] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.lines)
+
+    def add(self, loc: Loc, message: str, *, name: bool = False) -> None:
+        ctx: dict[str, Any] = {"message": message}
+        if name:
+            ctx["at_name"] = True
+        error = PydanticCustomError("config", "{message}", ctx)
+        self.lines.append(InitErrorDetails(type=error, loc=loc, input=None))
+        self._places.append(loc)
+
+    def merge(self, other: Problems) -> None:
+        self.lines += other.lines
+        self._places += other._places
+
+    def sorted(self, order: tuple[str, ...]) -> Problems:
+        """The problems in the order of the settings they are about (stable)."""
+        rank = {name: i for i, name in enumerate(order)}
+        pairs = sorted(
+            zip(self.lines, self._places, strict=True),
+            key=lambda pair: rank.get(str(pair[1][0]), len(rank)) if pair[1] else len(rank),
+        )
+        out = Problems()
+        out.lines, out._places = [line for line, _ in pairs], [place for _, place in pairs]
+        return out
+
+    def has(self, loc: Loc) -> bool:
+        """A problem is reported at `loc` or inside it."""
+        return any(p[: len(loc)] == loc for p in self._places)
+
+    def covers(self, loc: Loc) -> bool:
+        """A problem is reported at a place that holds `loc`: one report per place."""
+        return any(len(p) < len(loc) and loc[: len(p)] == p for p in self._places)
+
+    def extend(
+        self, exc: ValidationError, prefix: Loc = (), rename: dict[str, Loc] | None = None
+    ) -> None:
+        """Takes over a nested validation's problems; `rename` maps a field to the
+        place it is written in the file (a route's `path` is `match.path`)."""
+        for error in exc.errors():
+            loc: Loc = tuple(error["loc"])
+            if rename and loc and isinstance(loc[0], str) and loc[0] in rename:
+                loc = rename[loc[0]] + loc[1:]
+            loc = prefix + loc
+            if not self.covers(loc):
+                self.add(loc, message_of(error), name=at_name(error))
+
+    def check(self, adapter: TypeAdapter[Any], value: object, loc: Loc) -> Any:
+        """The validated value, or INVALID with its problems taken over."""
+        try:
+            return adapter.validate_python(value)
+        except ValidationError as exc:
+            self.extend(exc, loc)
+            return INVALID
+
+    def error(self) -> ValidationError:
+        return ValidationError.from_exception_data("config", self.lines)
+
+    def raise_if_any(self) -> None:
+        if self.lines:
+            raise self.error()
+
+
+def raise_at(loc: Loc, message: str) -> None:
+    problems = Problems()
+    problems.add(loc, message)
+    problems.raise_if_any()
+
+
+def loc_path(loc: Loc) -> str:
+    path = ""
+    for part in loc:
+        path = f"{path}[{part}]" if isinstance(part, int) else join(path, part)
+    return path
 
 
 class Issues:
-    """Collects every problem in a file so the user sees them all in one run."""
+    """Every problem in a file, in the order the user reads them, each once."""
 
     def __init__(self) -> None:
         self.items: list[ConfigIssue] = []
@@ -21,96 +130,14 @@ class Issues:
         #: position in the file is the name's
         self.at_names: set[ConfigIssue] = set()
 
-    def add(self, path: str, message: str, *, at_name: bool = False) -> None:
+    def add(self, path: str, message: str, *, name: bool = False) -> None:
         issue = ConfigIssue(path, message)
         # Settings inherited from `defaults` are checked once per route; one report is enough.
         if issue not in self.items:
             self.items.append(issue)
-        if at_name:
+        if name:
             self.at_names.add(issue)
 
-    def mapping(self, value: object, path: str, example: str = "") -> dict[str, Any] | None:
-        if isinstance(value, dict):
-            return value
-        hint = f"; write e.g. {example}" if example else ""
-        self.add(path, f"expected a mapping (name: value), got {kind(value)}{hint}")
-        return None
-
-    def known(self, data: dict[str, Any], valid: Iterable[str], path: str) -> None:
-        """Reports settings not in `valid`, with the closest valid name as a hint."""
-        names = sorted(valid)
-        for name in data:
-            if name not in names:
-                self.add(join(path, str(name)), unknown_setting(str(name), names), at_name=True)
-
-    def text(
-        self, value: object, path: str, *, empty_ok: bool = False, secret: bool = False
-    ) -> str | None:
-        """`secret`: a password or token; a wrong value is described, never shown."""
-        if isinstance(value, str) and (value or empty_ok):
-            return value
-        if isinstance(value, str):
-            self.add(path, "must not be empty")
-        else:
-            self.add(path, f"expected text, got {secret_kind(value) if secret else kind(value)}")
-        return None
-
-    def integer(self, value: object, path: str, low: int, high: int) -> int | None:
-        number: int | None = None
-        if isinstance(value, int) and not isinstance(value, bool):
-            number = value
-        elif isinstance(value, str) and value.strip().isdigit():
-            # An ${ENV} reference always yields text; accept digits so it can set a number.
-            number = int(value)
-        if number is None or not low <= number <= high:
-            self.add(path, f"{show(value)} is not a whole number from {low} to {high}")
-            return None
-        return number
-
-    def boolean(self, value: object, path: str) -> bool | None:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        self.add(path, f"{show(value)} is not true or false")
-        return None
-
-    def choice(self, value: object, path: str, options: tuple[str, ...]) -> str | None:
-        if isinstance(value, str) and value in options:
-            return value
-        listed = ", ".join(options)
-        message = f"{show(value)} is not one of {listed}"
-        if isinstance(value, str):
-            close = difflib.get_close_matches(value, options, n=1)
-            if close:
-                message += f'; did you mean "{close[0]}"?'
-        self.add(path, message)
-        return None
-
-    def items_of(self, value: object, path: str, example: str) -> list[Any] | None:
-        if isinstance(value, list):
-            return value
-        self.add(path, f"expected a list, got {kind(value)}; write e.g. {example}")
-        return None
-
-
-def section(
-    value: object, path: str, issues: Issues, names: tuple[str, ...]
-) -> dict[str, Any] | None:
-    section = issues.mapping({} if value is None else value, path, f"{path}: {{...}}")
-    if section is not None:
-        issues.known(section, names, path)
-    return section
-
-
-def choice_of(options: tuple[str, ...]) -> Callable[[object, str, Issues], Any]:
-    def parse(value: object, path: str, issues: Issues) -> Any:
-        chosen = issues.choice(value, path, options)
-        return INVALID if chosen is None else chosen
-
-    return parse
-
-
-def flag(value: object, path: str, issues: Issues) -> Any:
-    flag = issues.boolean(value, path)
-    return INVALID if flag is None else flag
+    def extend(self, exc: ValidationError) -> None:
+        for error in exc.errors():
+            self.add(loc_path(tuple(error["loc"])), message_of(error), name=at_name(error))

@@ -1,32 +1,47 @@
 """Idempotency key settings: where a route's key comes from (`key:`), its period
-window and options."""
+window and options.
+
+A key is written in one of three forms, `key: {header: Idempotency-Key}`, `key:
+{sources: [...], ...options}` or a bare list of sources, so `KeySpec` reads the file
+itself (`key_from_yaml`); its options are typed fields like any other setting.
+Templates are checked with their key's context (is there a period?) and compiled
+once, when the config loads.
+"""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from gateway.config.issues import INVALID, Issues, choice_of
+from pydantic import model_validator
+from pydantic_core import ArgsKwargs
+
+from gateway.config.http import HashParts, ScopeParts
+from gateway.config.issues import INVALID, Loc, Problems
+from gateway.config.sections import field_adapter, is_instance, settings
 from gateway.config.templates import compile_template, scan_template
-from gateway.config.text import kind, show
+from gateway.config.text import kind, show, unknown_setting
 from gateway.config.types import (
-    REQUEST_PARTS,
-    compile_jmespath,
+    MissingKeyPolicy,
+    OneOf,
+    TimeZone,
+    Whole,
     is_token,
     jmespath_or_problem,
-    request_parts,
+    text,
     timezone_problem,
 )
 
-MissingKeyPolicy = Literal["reject", "forward"]
 KeySourceKind = Literal["header", "query", "body", "template", "hash", "period"]
 
 #: len("sha256:" + 64 hex digits): the key a `hash` source makes.
 HASH_KEY_LENGTH = 71
 
-_SOURCE_KINDS = ("header", "query", "body", "template", "hash")
-_KEY_OPTIONS = ("period", "timezone", "on_missing", "scope", "max_length")
+SOURCE_KINDS = ("header", "query", "body", "template", "hash")
+KEY_OPTIONS = ("period", "timezone", "on_missing", "scope", "max_length")
+_EXAMPLE = "key: {header: Idempotency-Key}"
+_SEVERAL = "to try several in order, write sources: [{header: Idempotency-Key}, {body: id}]"
 _PERIOD_HINT = "write e.g. 15m, 1h, 6h, 1d, 1w or 1mo"
 _PERIOD_RE = re.compile(r"(\d+)\s*(mo|m|h|d|w)")
 # Maps the matched text onto Period.unit's Literal type without a cast.
@@ -39,17 +54,17 @@ _PERIOD_UNITS: dict[str, Literal["m", "h", "d", "w", "mo"]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@settings
 class Period:
     """A time window for `{period}`: `count` units of `unit`, in `timezone`."""
 
     count: int
     unit: Literal["m", "h", "d", "w", "mo"]
-    timezone: str = "UTC"
+    timezone: TimeZone = "UTC"
     text: str = ""  # as written, for messages
 
 
-@dataclass(frozen=True, slots=True)
+@settings
 class KeySource:
     """One place an idempotency key can come from.
 
@@ -63,7 +78,7 @@ class KeySource:
 
     kind: KeySourceKind
     name: str = ""
-    parts: tuple[str, ...] = ()
+    parts: HashParts = ()
     #: body: the compiled JMESPath; template: the compiled Template (gateway.keys renders it)
     compiled: Any = None
 
@@ -78,19 +93,20 @@ class KeySource:
             object.__setattr__(self, "compiled", compiled)
 
 
-@dataclass(frozen=True, slots=True)
+@settings
 class KeySpec:
     sources: tuple[KeySource, ...]  # first one present wins
     period: Period | None = None
-    on_missing: MissingKeyPolicy = "reject"
-    scope: tuple[str, ...] = ()  # e.g. ("header.Authorization",)
-    max_length: int = 255
+    on_missing: Annotated[MissingKeyPolicy, OneOf()] = "reject"
+    scope: ScopeParts = ()  # e.g. ("header.Authorization",)
+    max_length: Annotated[int, Whole(1, 4096)] = 255
 
-
-@dataclass(frozen=True, slots=True)
-class _ParsedKey:
-    spec: KeySpec
-    path_params: tuple[tuple[str, str], ...]  # ({path.<param>} name, where it was written)
+    @model_validator(mode="wrap")
+    @classmethod
+    def _validate(cls, data: Any, handler: Callable[[Any], Any]) -> Any:
+        if isinstance(data, ArgsKwargs) or is_instance(data):
+            return handler(data)  # built in Python
+        return key_from_yaml(data)
 
 
 def parse_period(text: object, timezone: str = "UTC") -> Period:
@@ -121,163 +137,163 @@ def parse_period(text: object, timezone: str = "UTC") -> Period:
     return Period(count=count, unit=_PERIOD_UNITS[unit], timezone=timezone, text=text.strip())
 
 
-def _key(value: object, path: str, issues: Issues) -> Any:
-    if value is None:
-        return None
-    example = "key: {header: Idempotency-Key}"
+def templates_in(value: object) -> list[tuple[Loc, str]]:
+    """The templates a key as written holds, each with its place under `key`."""
+    if isinstance(value, dict) and isinstance(value.get("template"), str):
+        return [(("template",), value["template"])]
+    at: Loc = ()
+    items = value if isinstance(value, list) else None
+    if isinstance(value, dict) and isinstance(value.get("sources"), list):
+        items, at = value["sources"], ("sources",)
+    return [
+        ((*at, i, "template"), item["template"])
+        for i, item in enumerate(items or ())
+        if isinstance(item, dict) and isinstance(item.get("template"), str)
+    ]
+
+
+def key_from_yaml(value: object) -> KeySpec:
+    problems = Problems()
     if isinstance(value, list):
-        raw: dict[str, Any] = {"sources": value}
-        sources_path = path
+        raw: dict[Any, Any] = {"sources": value}
+        at: Loc = ()  # a bare list: the sources are key[0], key[1]...
     elif isinstance(value, dict):
-        raw = value
-        sources_path = f"{path}.sources"
-        issues.known(raw, (*_SOURCE_KINDS, *_KEY_OPTIONS, "sources"), path)
+        raw, at = value, ("sources",)
+        names = (*SOURCE_KINDS, *KEY_OPTIONS, "sources")
+        for name in raw:
+            if name not in names:
+                problems.add((str(name),), unknown_setting(str(name), sorted(names)), name=True)
     else:
-        issues.add(path, f"expected a mapping or a list, got {kind(value)}; write e.g. {example}")
-        return INVALID
-    direct = [name for name in _SOURCE_KINDS if name in raw]
-    several = "to try several in order, write sources: [{header: Idempotency-Key}, {body: id}]"
-    sources: list[KeySource | None] = []
-    templates: list[tuple[str, str]] = []  # (template text, where it was written)
+        raise ValueError(f"expected a mapping or a list, got {kind(value)}; write e.g. {_EXAMPLE}")
+    direct = [name for name in SOURCE_KINDS if name in raw]
     if "sources" in raw and direct:
-        issues.add(path, f"give either sources: or {direct[0]}:, not both")
-        return INVALID
-    if len(direct) > 1:
-        issues.add(
-            path, f"{' and '.join(direct)} are both set, but a key has one source; {several}"
+        problems.add((), f"give either sources: or {direct[0]}:, not both")
+    elif len(direct) > 1:
+        problems.add(
+            (), f"{' and '.join(direct)} are both set, but a key has one source; {_SEVERAL}"
         )
-        return INVALID
+    elif "sources" in raw and not isinstance(raw["sources"], list):
+        found = kind(raw["sources"])
+        problems.add(at, f"expected a list, got {found}; write e.g. [{{header: Idempotency-Key}}]")
+    elif "sources" in raw and not raw["sources"]:
+        problems.add(at, f"list at least one source; {_SEVERAL}")
+    else:
+        return _key(raw, at, problems)
+    raise problems.error()
+
+
+def _key(raw: dict[Any, Any], at: Loc, problems: Problems) -> KeySpec:
+    sources: list[KeySource | None] = []
+    templates: list[tuple[Loc, str]] = []
     if "sources" in raw:
-        items = issues.items_of(raw["sources"], sources_path, "[{header: Idempotency-Key}]")
-        if items is None:
-            return INVALID
-        if not items:
-            issues.add(sources_path, f"list at least one source; {several}")
-            return INVALID
-        for i, item in enumerate(items):
-            sources.append(_source_item(item, f"{sources_path}[{i}]", issues, templates))
-    elif direct:
-        sources.append(_source(direct[0], raw[direct[0]], f"{path}.{direct[0]}", issues, templates))
-    kwargs: dict[str, Any] = {}
-    if "on_missing" in raw:
-        kwargs["on_missing"] = choice_of(("reject", "forward"))(
-            raw["on_missing"], f"{path}.on_missing", issues
+        for i, item in enumerate(raw["sources"]):
+            sources.append(_source_item(item, (*at, i), problems, templates))
+    elif direct := [name for name in SOURCE_KINDS if name in raw]:
+        sources.append(_source(direct[0], raw[direct[0]], (direct[0],), problems, templates))
+    options = {
+        name: problems.check(field_adapter(KeySpec, name), raw[name], (name,))
+        for name in ("on_missing", "max_length", "scope")
+        if name in raw
+    }
+    length = options.get("max_length", INVALID)
+    hashed = any(source is not None and source.kind == "hash" for source in sources)
+    if length is not INVALID and hashed and length < HASH_KEY_LENGTH:
+        # Every request would be refused as "key too long".
+        problems.add(
+            ("max_length",),
+            f"a hash key is {HASH_KEY_LENGTH} characters (sha256:<hex>); "
+            f"set max_length to at least {HASH_KEY_LENGTH} or leave it out",
         )
-    if "max_length" in raw:
-        length = issues.integer(raw["max_length"], f"{path}.max_length", 1, 4096)
-        kwargs["max_length"] = INVALID if length is None else length
-        hashed = any(isinstance(s, KeySource) and s.kind == "hash" for s in sources)
-        if length is not None and hashed and length < HASH_KEY_LENGTH:
-            # Every request would be refused as "key too long".
-            issues.add(
-                f"{path}.max_length",
-                f"a hash key is {HASH_KEY_LENGTH} characters (sha256:<hex>); "
-                f"set max_length to at least {HASH_KEY_LENGTH} or leave it out",
-            )
-    if "scope" in raw:
-        items = issues.items_of(raw["scope"], f"{path}.scope", "[header.Authorization]")
-        scope = (
-            request_parts(items, f"{path}.scope", issues, (), ("header.", "query."))
-            if items
-            else ()
-        )
-        kwargs["scope"] = INVALID if items is None or scope is None else scope
-    period = _key_period(raw, path, issues)
-    if period is not INVALID:
-        kwargs["period"] = period
-    refs: list[tuple[str, str]] = []
+    period = _period(raw, problems)
     uses_period = False
-    for template, where in templates:
+    for loc, template in templates:
         scan = scan_template(template, has_period=period is not None)
         for problem in scan.problems:
-            issues.add(where, problem)
+            problems.add(loc, problem)
         uses_period = uses_period or scan.uses_period
-        refs.extend((param, where) for param in scan.path_params)
     if not sources and period is None:
-        issues.add(path, f"no key source; write e.g. {example}, or period: 1d for a cron job")
-        return INVALID
-    if not sources and period not in (None, INVALID):
+        problems.add((), f"no key source; write e.g. {_EXAMPLE}, or period: 1d for a cron job")
+    elif not sources and period is not INVALID:
         sources.append(KeySource(kind="period"))
     elif period not in (None, INVALID) and not uses_period:
-        issues.add(
-            f"{path}.period",
+        problems.add(
+            ("period",),
             "period is set but no template uses {period}; add {period} to a template, e.g. "
             'template: "report:{period}", or remove period',
         )
-        return INVALID
-    if None in sources or INVALID in kwargs.values() or period is INVALID:
-        return INVALID
-    spec = KeySpec(sources=tuple(s for s in sources if s is not None), **kwargs)
-    return _ParsedKey(spec, tuple(refs))
+    problems.raise_if_any()
+    return KeySpec(sources=tuple(s for s in sources if s is not None), period=period, **options)
 
 
-def _key_period(raw: dict[str, Any], path: str, issues: Issues) -> Any:
+def _period(raw: dict[Any, Any], problems: Problems) -> Any:
     timezone = raw.get("timezone", "UTC")
     if "timezone" in raw and "period" not in raw:
-        issues.add(f"{path}.timezone", "timezone only matters with a period; add e.g. period: 1d")
+        problems.add(("timezone",), "timezone only matters with a period; add e.g. period: 1d")
         return INVALID
     if "period" not in raw:
         return None
     problem = timezone_problem(timezone)
     if problem:
-        issues.add(f"{path}.timezone", problem)
+        problems.add(("timezone",), problem)
         return INVALID
     try:
         return parse_period(raw["period"], timezone)
     except ValueError as exc:
-        issues.add(f"{path}.period", str(exc))
+        problems.add(("period",), str(exc))
         return INVALID
 
 
 def _source_item(
-    item: object, path: str, issues: Issues, templates: list[tuple[str, str]]
+    item: object, loc: Loc, problems: Problems, templates: list[tuple[Loc, str]]
 ) -> KeySource | None:
-    raw = issues.mapping(item, path, "{header: Idempotency-Key}")
-    if raw is None:
+    if not isinstance(item, dict):
+        example = "{header: Idempotency-Key}"
+        problems.add(
+            loc, f"expected a mapping (name: value), got {kind(item)}; write e.g. {example}"
+        )
         return None
-    for name in raw:
-        if name in (*_KEY_OPTIONS, "sources"):
-            issues.add(
-                f"{path}.{name}", f"set {name} on the key itself, next to sources:", at_name=True
-            )
+    for name in item:
+        if name in (*KEY_OPTIONS, "sources"):
+            problems.add((*loc, name), f"set {name} on the key itself, next to sources:", name=True)
             return None
-    issues.known(raw, _SOURCE_KINDS, path)
-    kinds = [name for name in _SOURCE_KINDS if name in raw]
+    for name in item:
+        if name not in SOURCE_KINDS:
+            unknown = unknown_setting(str(name), sorted(SOURCE_KINDS))
+            problems.add((*loc, str(name)), unknown, name=True)
+    kinds = [name for name in SOURCE_KINDS if name in item]
     if len(kinds) != 1:
-        issues.add(
-            path,
+        problems.add(
+            loc,
             "each source needs exactly one of header, query, body, template or hash; "
             "write e.g. {header: Idempotency-Key}",
         )
         return None
-    return _source(kinds[0], raw[kinds[0]], f"{path}.{kinds[0]}", issues, templates)
+    return _source(kinds[0], item[kinds[0]], (*loc, kinds[0]), problems, templates)
 
 
 def _source(
-    source_kind: str, value: object, path: str, issues: Issues, templates: list[tuple[str, str]]
+    source_kind: str, value: object, loc: Loc, problems: Problems, templates: list[tuple[Loc, str]]
 ) -> KeySource | None:
     if source_kind == "hash":
-        items = issues.items_of(value, path, "[method, path, body]")
-        if items is not None and not items:
-            issues.add(path, "list at least one request part, e.g. [method, path, body]")
-            return None
-        parts = request_parts(items, path, issues, REQUEST_PARTS, ("header.",)) if items else None
-        return None if parts is None else KeySource(kind="hash", parts=parts)
-    text = issues.text(value, path)
-    if text is None:
+        parts = problems.check(field_adapter(KeySource, "parts"), value, loc)
+        return None if parts is INVALID else KeySource(kind="hash", parts=parts)
+    try:
+        name = text(value)
+    except ValueError as exc:
+        problems.add(loc, str(exc))
         return None
-    if source_kind == "header" and not is_token(text):
-        issues.add(path, f"{show(text)} is not a header name; write e.g. Idempotency-Key")
+    if source_kind == "header" and not is_token(name):
+        problems.add(loc, f"{show(name)} is not a header name; write e.g. Idempotency-Key")
         return None
     if source_kind == "body":
-        compiled = compile_jmespath(text, path, issues)
-        return None if compiled is None else KeySource(kind="body", name=text, compiled=compiled)
+        compiled, problem = jmespath_or_problem(name)
+        if problem:
+            problems.add(loc, problem)
+            return None
+        return KeySource(kind="body", name=name, compiled=compiled)
     if source_kind == "template":
-        templates.append((text, path))
-        scan = scan_template(text)
-        if scan.problems:
-            # Reported with the key's other template checks; the config is refused, so
-            # the scan stands in for the compiled template that cannot be made.
-            return KeySource(kind="template", name=text, compiled=scan)
-    # source_kind is always one of _SOURCE_KINDS, which mypy cannot see through the loop.
-    return KeySource(kind=source_kind, name=text)  # type: ignore[arg-type]
+        templates.append((loc, name))
+        if scan_template(name).problems:
+            return None  # reported with the key's other template checks
+        return KeySource(kind="template", name=name)
+    return KeySource(kind="header" if source_kind == "header" else "query", name=name)

@@ -1,5 +1,11 @@
-"""Loading a config file: YAML (duplicate keys refused), ${VAR} interpolation, then
-validation of every section; all problems are reported together."""
+"""Loading a config file: YAML (duplicate keys refused, each value's position kept),
+${VAR} interpolation, then validation of the whole (gateway.config.model); all
+problems are reported together, each with its line and column.
+
+${VAR} is expanded here, over every text in the file, rather than by each value type:
+it is a property of the file (a value of any setting, even a misspelt one, may come
+from the environment), and a new setting cannot forget it.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +13,14 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
 import yaml
+from pydantic import TypeAdapter, ValidationError
 
-from gateway.config.addresses import check_listen_clash, parse_listen
 from gateway.config.issues import Issues
-from gateway.config.model import AdminConfig, Config, ServerConfig, _admin, _server
-from gateway.config.routes import _routes
-from gateway.config.store import _store
+from gateway.config.model import Config
 from gateway.config.text import join, show
 from gateway.errors import ConfigError, ConfigIssue
 
@@ -189,34 +194,20 @@ def parse_config(data: object, source: str, env: Mapping[str, str] | None = None
     return config
 
 
+@cache
+def _adapter() -> TypeAdapter[Config]:
+    return TypeAdapter(Config)
+
+
 def _validate(data: object, source: str, env: Mapping[str, str]) -> tuple[Config | None, Issues]:
     issues = Issues()
     if data is None:
         issues.add("", "the file is empty; it needs at least a routes: list")
         return None, issues
     data = interpolate(data, "", issues, dict(env))
-    top = issues.mapping(data, "", "server: ..., routes: [...]")
-    if top is None:
-        return None, issues
-    issues.known(top, ("server", "admin", "store", "defaults", "routes"), "")
-    server = _server(top.get("server", {}), issues)
-    admin = _admin(top.get("admin", {}), issues)
-    store = _store(top.get("store", {}), issues)
-    server_listen = _listen_text(top.get("server"), ServerConfig().listen)
-    admin_listen = _listen_text(top.get("admin"), AdminConfig().listen)
-    if server_listen and admin_listen:
-        check_listen_clash(server_listen, admin_listen, issues)
-    routes = _routes(top, issues)
-    if issues.items or server is None or admin is None or store is None or routes is None:
-        return None, issues
-    return Config(routes=routes, server=server, admin=admin, store=store, source=source), issues
-
-
-def _listen_text(section: object, default: str) -> str | None:
-    """The section's listen address if it is valid; a bad one was reported already."""
-    value = section.get("listen", default) if isinstance(section, dict) else default
     try:
-        parse_listen(value)
-    except (ValueError, TypeError, AttributeError):
-        return None
-    return value if isinstance(value, str) else None
+        config = _adapter().validate_python(data, context={"source": source})
+    except ValidationError as exc:
+        issues.extend(exc)
+        return None, issues
+    return (None if issues.items else config), issues

@@ -10,9 +10,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Annotated
 
+from gateway.config.issues import Problems
 from gateway.config.text import show
-from gateway.config.types import is_identifier
+from gateway.config.types import Check, is_identifier, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +80,19 @@ def compile_path_pattern(path: str) -> PathPattern:
             parts.append(re.escape(segment))
         parts.append("/")
     return PathPattern(path, tuple(params), re.compile("".join(parts[:-1])))
+
+
+def _path(value: object) -> str:
+    if value is None:
+        raise ValueError("missing; write e.g. path: /jobs/send-reminder")
+    pattern = text(value)
+    problems = Problems()
+    for problem in scan_path_pattern(pattern)[1]:
+        problems.add((), problem)
+    problems.raise_if_any()
+    return pattern
+
+
+PathPatternText = Annotated[
+    str, Check(_path, {"type": "string", "pattern": "^/", "description": "e.g. /jobs/{name}"})
+]

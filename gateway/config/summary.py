@@ -8,7 +8,7 @@ from gateway.config.model import Config
 from gateway.config.routes import Route
 from gateway.config.store import StoreConfig
 from gateway.config.text import show
-from gateway.config.types import format_duration, format_size, format_statuses
+from gateway.config.units import format_duration, format_size, format_statuses
 from gateway.sealing import key_id
 
 

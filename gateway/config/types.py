@@ -1,99 +1,99 @@
-"""Value types of the config file: durations, sizes, status sets, names, time zones,
-JMESPath expressions, IP networks and request parts."""
+"""The value types of the config's settings, as annotated types.
+
+`Duration` is `Annotated[float, Check(...)]`: the check reads what the file says ("30s",
+or 30 from Python) into the field's value, or raises a message that says what to
+write; the JSON Schema beside it describes the same forms for editors. Every scalar's
+schema also takes a `${VAR}` text, which the loader expands before validation.
+"""
 
 from __future__ import annotations
 
 import difflib
-import ipaddress
-import math
 import re
 import zoneinfo
-from typing import Any
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, get_args
 
 import jmespath
+from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic_core import CoreSchema, core_schema
 
-from gateway.config.issues import INVALID, Issues
-from gateway.config.text import show
+from gateway.config import units
+from gateway.config.text import kind, secret_kind, show
 
-DURATION_HINT = "write e.g. 500ms, 30s, 15m, 24h or 7d"
-SIZE_HINT = "write e.g. 512KiB, 1MiB, 10MB or a number of bytes"
-
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h|d)?")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-_SIZE_RE = re.compile(r"(\d+)\s*([KMG]i?B|B)?", re.IGNORECASE)
-_SIZE_UNITS = {
-    "b": 1,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-}
 # RFC 9110 token: what a header name or method may be made of.
 _TOKEN_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-#: Request parts a `hash` key or a `fingerprint` may be computed from.
-#: `header.<Name>` is accepted too.
-REQUEST_PARTS = ("method", "path", "query", "body")
-
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
-def parse_duration(text: object, *, allow_zero: bool = False) -> float:
-    """Seconds from "500ms", "30s", "15m", "24h", "7d" or a plain number of seconds.
-
-    Raises ValueError with a message that says what to write instead.
-    """
-    seconds: float | None = None
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        seconds = float(text)
-    elif isinstance(text, str):
-        match = _DURATION_RE.fullmatch(text.strip())
-        if match:
-            seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    if seconds is None or not math.isfinite(seconds):
-        raise ValueError(f"{show(text)} is not a duration; {DURATION_HINT}")
-    if seconds < 0 or (seconds == 0 and not allow_zero):
-        floor = "0 or more" if allow_zero else "more than 0"
-        raise ValueError(f"{show(text)} is too short: it must be {floor}; {DURATION_HINT}")
-    return seconds
+Json = dict[str, Any]
+ENV = {"type": "string", "pattern": r"\$\{"}  # ${VAR}: any setting may come from one
 
 
-def parse_size(text: object) -> int:
-    """Bytes from "123B", "100KB", "10MB", "512KiB", "1MiB", "1GiB" or a plain integer."""
-    size: int | None = None
-    if isinstance(text, int) and not isinstance(text, bool):
-        size = text
-    elif isinstance(text, str):
-        match = _SIZE_RE.fullmatch(text.strip())
-        if match:
-            size = int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
-    if size is None:
-        raise ValueError(f"{show(text)} is not a size; {SIZE_HINT}")
-    if size <= 0:
-        raise ValueError(f"{show(text)} must be more than 0 bytes")
-    return size
+class Check:
+    """Annotated metadata: `read` turns the value as written into the field's value (a
+    ValueError, or a ValidationError for items, says what is wrong); `schema` is the
+    JSON Schema of what the file may hold there."""
+
+    __slots__ = ("read", "schema")
+
+    def __init__(self, read: Callable[[Any], Any], schema: Json, *, env: bool = True) -> None:
+        self.read = read
+        self.schema = {"anyOf": [schema, ENV]} if env else schema
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        return core_schema.no_info_plain_validator_function(self.read)
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> Json:
+        return dict(self.schema)
 
 
-def format_duration(seconds: float) -> str:
-    if seconds < 1 and seconds * 1000 == int(seconds * 1000):
-        return f"{int(seconds * 1000)}ms"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
+class Whole(Check):
+    """A whole number from `low` to `high`; digits in text count (${VAR} gives text)."""
+
+    __slots__ = ()
+
+    def __init__(self, low: int, high: int) -> None:
+        def read(value: object) -> int:
+            number: int | None = None
+            if isinstance(value, int) and not isinstance(value, bool):
+                number = value
+            elif isinstance(value, str) and value.strip().isdigit():
+                number = int(value)
+            if number is None or not low <= number <= high:
+                raise ValueError(f"{show(value)} is not a whole number from {low} to {high}")
+            return number
+
+        super().__init__(read, {"type": "integer", "minimum": low, "maximum": high})
 
 
-def format_size(size: int) -> str:
-    for unit, step in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if size >= step and size % step == 0:
-            return f"{size // step} {unit}"
-    for unit, step in (("GB", 1000**3), ("MB", 1000**2), ("KB", 1000)):
-        if size >= step and size % step == 0:
-            return f"{size // step} {unit}"
-    return f"{size} B"
+class OneOf(Check):
+    """One of a Literal type's values, with "did you mean" for a near miss."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(lambda value: value, {})
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        options: tuple[str, ...] = get_args(source)
+        self.schema = {"enum": list(options)}
+
+        def read(value: object) -> str:
+            if isinstance(value, str) and value in options:
+                return value
+            message = f"{show(value)} is not one of {', '.join(options)}"
+            close = difflib.get_close_matches(value, options, n=1) if isinstance(value, str) else []
+            raise ValueError(message + (f'; did you mean "{close[0]}"?' if close else ""))
+
+        return core_schema.no_info_plain_validator_function(read)
 
 
 def is_token(text: str) -> bool:
@@ -104,65 +104,28 @@ def is_identifier(text: str) -> bool:
     return _IDENT_RE.fullmatch(text) is not None
 
 
-def parse_status(item: object) -> int | None:
-    if isinstance(item, int) and not isinstance(item, bool):
-        status = item
-    elif isinstance(item, str) and item.strip().isdigit():
-        status = int(item)
-    else:
-        return None
-    return status if 100 <= status <= 599 else None
+def text(value: object, *, empty_ok: bool = False, secret: bool = False) -> str:
+    """`secret`: a password or token; a wrong value is described, never shown."""
+    if isinstance(value, str) and (value or empty_ok):
+        return value
+    if isinstance(value, str):
+        raise ValueError("must not be empty")
+    raise ValueError(f"expected text, got {secret_kind(value) if secret else kind(value)}")
 
 
-def parse_status_set(
-    items: list[Any], path: str, issues: Issues, default: frozenset[int]
-) -> frozenset[int] | None:
-    """Statuses such as [200, "2xx", "!408"]; only exclusions means the default set minus them."""
-    included: set[int] = set()
-    excluded: set[int] = set()
-    ok = True
-    any_included = False
-    for i, item in enumerate(items):
-        text = str(item).strip() if isinstance(item, str | int) else ""
-        negate = text.startswith("!")
-        body = text[1:].strip() if negate else text
-        codes: range | None = None
-        single = parse_status(body) if not isinstance(item, bool) else None
-        if single is not None:
-            codes = range(single, single + 1)
-        elif re.fullmatch(r"[1-5]xx", body, re.IGNORECASE):
-            start = int(body[0]) * 100
-            codes = range(start, start + 100)
-        if codes is None:
-            issues.add(
-                f"{path}[{i}]",
-                f"{show(item)} is not a status; write a code from 100 to 599, a class "
-                'like "2xx", or "!408" to leave one out',
-            )
-            ok = False
-        elif negate:
-            excluded.update(codes)
-        else:
-            any_included = True
-            included.update(codes)
-    if not ok:
-        return None
-    return frozenset((included if any_included else set(default)) - excluded)
+def items(value: object, example: str) -> list[Any]:
+    """A list as written (a YAML sequence), or the set or tuple a Python caller gave."""
+    if isinstance(value, list | tuple | set | frozenset):
+        return list(value)
+    raise ValueError(f"expected a list, got {kind(value)}; write e.g. {example}")
 
 
-def format_statuses(statuses: frozenset[int]) -> str:
-    if not statuses:
-        return "none"
-    ordered = sorted(statuses)
-    spans: list[str] = []
-    start = prev = ordered[0]
-    for status in [*ordered[1:], -1]:
-        if status == prev + 1:
-            prev = status
-            continue
-        spans.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = status
-    return ", ".join(spans)
+def _flag(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ValueError(f"{show(value)} is not true or false")
 
 
 def timezone_problem(name: object) -> str | None:
@@ -180,19 +143,19 @@ def timezone_problem(name: object) -> str | None:
     return message + ", Europe/Berlin or America/New_York"
 
 
+def _timezone(value: object) -> str:
+    problem = timezone_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return str(value)
+
+
 def jmespath_or_problem(expression: str) -> tuple[Any, str | None]:
     """The compiled expression, or None and what is wrong with it."""
     try:
         return jmespath.compile(expression), None
     except jmespath.exceptions.JMESPathError as exc:
         return None, f"not a valid JMESPath expression: {_jmespath_reason(exc)}"
-
-
-def compile_jmespath(expression: str, path: str, issues: Issues) -> Any:
-    compiled, problem = jmespath_or_problem(expression)
-    if problem:
-        issues.add(path, problem)
-    return compiled
 
 
 def _jmespath_reason(exc: jmespath.exceptions.JMESPathError) -> str:
@@ -209,57 +172,57 @@ def _jmespath_reason(exc: jmespath.exceptions.JMESPathError) -> str:
     return reason + "; write e.g. job_key, data.id or items[0].id"
 
 
-def duration_value(value: object, path: str, issues: Issues, *, allow_zero: bool = False) -> Any:
-    try:
-        return parse_duration(value, allow_zero=allow_zero)
-    except ValueError as exc:
-        issues.add(path, str(exc))
-        return INVALID
+def _route_name(value: object) -> str:
+    if value is None:
+        raise ValueError("every route needs a name, e.g. name: send-reminder")
+    name = text(value)
+    if not _NAME_RE.fullmatch(name):
+        raise ValueError(
+            f"{show(name)} is not a valid route name; use letters, digits, _ . and -, "
+            "starting with a letter or digit, e.g. send-reminder"
+        )
+    return name
 
 
-def size_value(value: object, path: str, issues: Issues) -> Any:
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        issues.add(path, str(exc))
-        return INVALID
+def _secret(value: object) -> str:
+    return text(value, empty_ok=True, secret=True)
 
 
-def network_list(value: object, path: str, issues: Issues) -> Any:
-    """Addresses or CIDR blocks: `127.0.0.1`, `10.0.0.0/8`, `::1`."""
-    items = issues.items_of([] if value is None else value, path, '["127.0.0.1", "10.0.0.0/8"]')
-    if items is None:
-        return INVALID
-    out: list[IPNetwork] = []
-    for i, item in enumerate(items):
-        try:
-            out.append(ipaddress.ip_network(str(item).strip(), strict=False))
-        except ValueError:
-            issues.add(
-                f"{path}[{i}]",
-                f"{show(item)} is not an IP address or CIDR block; write e.g. "
-                '"127.0.0.1", "10.0.0.0/8" or "::1"',
-            )
-            return INVALID
-    return tuple(out)
+def _token(token: object) -> str:
+    if token is None or isinstance(token, str):
+        return token or ""
+    raise ValueError(f"expected text, got {secret_kind(token)}; quote it")
 
 
-def request_parts(
-    items: list[Any], path: str, issues: Issues, plain: tuple[str, ...], prefixes: tuple[str, ...]
-) -> tuple[str, ...] | None:
-    found: list[str] = []
-    hint = ", ".join((*plain, *(f"{p}<Name>" for p in prefixes)))
-    for i, item in enumerate(items):
-        where = f"{path}[{i}]"
-        prefix = next((p for p in prefixes if isinstance(item, str) and item.startswith(p)), "")
-        if isinstance(item, str) and (item in plain or (prefix and is_token(item[len(prefix) :]))):
-            if item in found:
-                issues.add(where, f"{show(item)} is listed twice")
-                return None
-            found.append(item)
-            continue
-        message = f"{show(item)} is not a request part; write {hint}"
-        close = difflib.get_close_matches(str(item), plain, n=1) if isinstance(item, str) else []
-        issues.add(where, message + (f'; did you mean "{close[0]}"?' if close else ""))
-        return None
-    return tuple(found)
+def list_schema(item: Json, **extra: Any) -> Json:
+    return {"type": "array", "items": {"anyOf": [item, ENV]}, **extra}
+
+
+_STRING = {"type": "string"}
+_DURATION = {"anyOf": [{"type": "number", "minimum": 0},
+                       {"type": "string", "pattern": f"^\\s*{units.DURATION_RE.pattern}\\s*$"}],
+             "description": "a duration: 500ms, 30s, 15m, 24h, 7d, or seconds"}  # fmt: skip
+_SIZE = {"anyOf": [{"type": "integer", "minimum": 1},
+                   {"type": "string", "pattern": f"(?i)^\\s*{units.SIZE_RE.pattern}\\s*$"}],
+         "description": "a size: 512KiB, 1MiB, 10MB, or bytes"}  # fmt: skip
+
+Text = Annotated[str, Check(text, _STRING)]
+OptionalText = Annotated[str, Check(lambda v: text(v, empty_ok=True), _STRING)]
+Secret = Annotated[str, Check(_secret, _STRING)]
+AdminToken = Annotated[str, Check(_token, {"type": ["string", "null"]})]
+Flag = Annotated[bool, Check(_flag, {"type": "boolean"})]
+Duration = Annotated[float, Check(units.parse_duration, _DURATION)]
+GraceDuration = Annotated[  # may be 0: no grace
+    float, Check(lambda v: units.parse_duration(v, allow_zero=True), _DURATION)
+]
+Size = Annotated[int, Check(units.parse_size, _SIZE)]
+TimeZone = Annotated[str, Check(_timezone, {"type": "string", "description": "an IANA zone"})]
+RouteName = Annotated[
+    str, Check(_route_name, {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*$"})
+]
+
+ConcurrentPolicy = Literal["wait", "reject"]
+MissingKeyPolicy = Literal["reject", "forward"]
+UnknownOutcomePolicy = Literal["park", "release", "reconcile"]
+StoreErrorPolicy = Literal["fail_closed", "fail_open"]
+LogFormat = Literal["auto", "json", "text"]

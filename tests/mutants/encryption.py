@@ -60,8 +60,8 @@ MUTANTS = [
     Mutant(
         name="encryption-duplicate-keys-accepted",
         path="gateway/config/store.py",
-        old="            if other == key:",
-        new="            if False:",
+        old="        if other == key:",
+        new="        if False:",
         tests=(T + "test_config_errors_name_the_place_and_the_fix_never_the_key",),
         breaks="a key listed twice passes check-config",
     ),

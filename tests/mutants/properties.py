@@ -132,7 +132,7 @@ MUTANTS = [
     # -- config -----------------------------------------------------------------------
     Mutant(
         name="config-listen-type-error-escapes",
-        path="gateway/config/loading.py",
+        path="gateway/config/model.py",
         old="except (ValueError, TypeError, AttributeError):",
         new="except ValueError:",
         tests=(P + "test_config_parsing_answers_config_or_config_error",),

@@ -69,8 +69,8 @@ MUTANTS = [
     Mutant(
         name="admin-listens-everywhere",
         path="gateway/config/model.py",
-        old='listen: str = "127.0.0.1:9090"',
-        new='listen: str = "0.0.0.0:9090"',
+        old='listen: ListenAddress = "127.0.0.1:9090"',
+        new='listen: ListenAddress = "0.0.0.0:9090"',
         tests=(f"{ISOLATION}::test_admin_listener_defaults_to_loopback_in_a_real_process",),
         breaks="the operator API is reachable from other hosts unless configured otherwise",
     ),
@@ -92,7 +92,7 @@ MUTANTS = [
     ),
     Mutant(
         name="numeric-token-echoed",
-        path="gateway/config/model.py",
+        path="gateway/config/types.py",
         old='f"expected text, got {secret_kind(token)}; quote it"',
         new='f"expected text, got {show(token)}; quote it"',
         tests=(f"{ISOLATION}::test_config_errors_never_show_passwords_or_tokens",),
