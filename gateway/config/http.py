@@ -134,13 +134,20 @@ _PART = {
 _SCOPE = {"type": "string", "pattern": "^(header|query)\\.[!#$%&'*+.^_`|~0-9A-Za-z-]+$"}
 _STATUS = {"anyOf": [{"type": "integer", "minimum": 100, "maximum": 599},
                      {"type": "string", "pattern": f"^{units.STATUS_RE.pattern}$"}]}  # fmt: skip
-Methods = Annotated[frozenset[str] | None, Check(_methods, list_schema(_TOKEN, minItems=1))]
+Methods = Annotated[
+    frozenset[str] | None,
+    Check(_methods, {"anyOf": [list_schema(_TOKEN, minItems=1), {"type": "null"}]}),
+]
 Method = Annotated[str, Check(_method, _TOKEN)]
 HeaderNames = Annotated[frozenset[str], Check(_header_names, list_schema(_TOKEN))]
 ForwardHeader = Annotated[
-    str | None, Check(_forward_header, {"anyOf": [_TOKEN, {"const": False}, {"type": "null"}]})
+    str | None,
+    Check(_forward_header, {"anyOf": [_TOKEN, {"enum": [False, None, ""]}]}),
 ]
-Networks = Annotated[tuple[IPNetwork, ...], Check(_networks, list_schema({"type": "string"}))]
+Networks = Annotated[
+    tuple[IPNetwork, ...],
+    Check(_networks, {"anyOf": [list_schema({"type": "string"}), {"type": "null"}]}),
+]
 Fingerprint = Annotated[
     tuple[str, ...],
     Check(_fingerprint, {"anyOf": [list_schema(_PART, uniqueItems=True), {"const": "none"}]}),

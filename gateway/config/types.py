@@ -69,7 +69,8 @@ class Whole(Check):
                 raise ValueError(f"{show(value)} is not a whole number from {low} to {high}")
             return number
 
-        super().__init__(read, {"type": "integer", "minimum": low, "maximum": high})
+        number = {"type": "integer", "minimum": low, "maximum": high}
+        super().__init__(read, {"anyOf": [number, {"type": "string", "pattern": r"^\s*\d+\s*$"}]})
 
 
 class OneOf(Check):
@@ -84,7 +85,7 @@ class OneOf(Check):
         self, source: Any, handler: GetCoreSchemaHandler
     ) -> CoreSchema:
         options: tuple[str, ...] = get_args(source)
-        self.schema = {"enum": list(options)}
+        self.schema = {"anyOf": [{"enum": list(options)}, ENV]}
 
         def read(value: object) -> str:
             if isinstance(value, str) and value in options:
@@ -203,14 +204,18 @@ _DURATION = {"anyOf": [{"type": "number", "minimum": 0},
                        {"type": "string", "pattern": f"^\\s*{units.DURATION_RE.pattern}\\s*$"}],
              "description": "a duration: 500ms, 30s, 15m, 24h, 7d, or seconds"}  # fmt: skip
 _SIZE = {"anyOf": [{"type": "integer", "minimum": 1},
-                   {"type": "string", "pattern": f"(?i)^\\s*{units.SIZE_RE.pattern}\\s*$"}],
+                   {"type": "string", "pattern": "^\\s*\\d+\\s*([KkMmGg][Ii]?[Bb]|[Bb])?\\s*$"}],
          "description": "a size: 512KiB, 1MiB, 10MB, or bytes"}  # fmt: skip
 
 Text = Annotated[str, Check(text, _STRING)]
 OptionalText = Annotated[str, Check(lambda v: text(v, empty_ok=True), _STRING)]
 Secret = Annotated[str, Check(_secret, _STRING)]
 AdminToken = Annotated[str, Check(_token, {"type": ["string", "null"]})]
-Flag = Annotated[bool, Check(_flag, {"type": "boolean"})]
+_BOOLEAN_TEXT = "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])$"
+Flag = Annotated[
+    bool,
+    Check(_flag, {"anyOf": [{"type": "boolean"}, {"type": "string", "pattern": _BOOLEAN_TEXT}]}),
+]
 Duration = Annotated[float, Check(units.parse_duration, _DURATION)]
 GraceDuration = Annotated[  # may be 0: no grace
     float, Check(lambda v: units.parse_duration(v, allow_zero=True), _DURATION)
