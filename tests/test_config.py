@@ -21,6 +21,7 @@ from gateway.config import (
     parse_period,
     parse_size,
 )
+from gateway.config.templates import fill_placeholders
 from gateway.errors import ConfigError
 
 EXAMPLE = """\
@@ -772,6 +773,23 @@ def test_reconcile_block_errors() -> None:
         "200 is in both done and not_done; a status must mean one thing"
     )
     assert "must be more than 0" in found["routes[0].reconcile.timeout"]
+
+
+def test_reconcile_url_placeholders_are_filled_as_the_config_read_them() -> None:
+    # The config accepts `{ key }` and reads `{{` as a brace; the check URL says the same.
+    (parsed,) = parse(
+        {
+            "routes": [
+                route(
+                    on_unknown_outcome="reconcile",
+                    reconcile={"url": "http://h/s/{ key }/{route}?run={run_id}&f={{x}}"},
+                )
+            ]
+        }
+    ).routes
+    assert parsed.reconcile is not None
+    values = {"key": "k%2F1", "route": "job", "run_id": "r1"}
+    assert fill_placeholders(parsed.reconcile.url, values) == "http://h/s/k%2F1/job?run=r1&f={x}"
 
 
 def test_reconcile_url_required() -> None:

@@ -6,8 +6,9 @@ to do about it; all errors in a file are reported together so a user fixes them 
 one pass, with the line and column of each (`config.yaml:14:7: routes[2].key.body`).
 
 The package, by file: `model` (the whole file, server, admin), `store`, `routes` (and
-`defaults:`), `keys` (key sources and periods), `types` and `units` (value types:
-durations, sizes, statuses, names), `addresses` (listen addresses, URLs), `paths` and
+`defaults:`), `keys` (key sources and periods), `types`, `units` and `http` (value
+types: durations, sizes, names; statuses, methods, headers, request parts, networks),
+`addresses` (listen addresses, URLs), `paths` and
 `templates` (the path pattern and key template grammars, which the router and
 gateway.keys use too), `sections` (how a YAML mapping becomes settings), `issues`
 (problems and their messages), `loading` (YAML, positions, ${VAR}), `summary`

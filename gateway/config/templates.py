@@ -4,13 +4,15 @@
 errors use; `compile_template` turns an accepted one into a `Template` when the config
 loads, and `gateway.keys` only renders that: a template the config accepted cannot
 fail on a request. `{{` and `}}` are literal braces. The reconcile URL's `{key}`,
-`{route}` and `{run_id}` use the same braces (`split_placeholders`).
+`{route}` and `{run_id}` are the same grammar: checked with `split_placeholders`,
+filled in with `fill_placeholders`.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -159,6 +161,17 @@ def scan_template(template: str, *, has_period: bool = True) -> TemplateScan:
         uses_period=any(p.kind == "period" for p in found),
         path_params=tuple(p.arg for p in found if p.kind == "path" and p.arg),
     )
+
+
+def fill_placeholders(template: str, values: Mapping[str, str]) -> str:
+    """A checked template (the reconcile URL) with each `{name}` replaced by its value
+    and `{{`, `}}` written as braces: `{ key }` and `{{` read as the config read them."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return match.group(0)[0] if name is None else values[name.strip()]
+
+    return TEMPLATE_TOKEN_RE.sub(one, template)
 
 
 @lru_cache(maxsize=512)
