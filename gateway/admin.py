@@ -12,6 +12,7 @@ import hmac
 import json
 import logging
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
@@ -20,10 +21,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.config import Route as RouteConfig
 from gateway.config import parse_duration
+from gateway.engine import NEVER_STORED, REPLAY_HEADERS
 from gateway.errors import PROBLEM_BASE, StoreError
 from gateway.keys import record_digest
 from gateway.records import KeyRef, Record, State, StoredResponse
+from gateway.upstream import HOP_BY_HOP
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -36,6 +40,20 @@ LISTABLE = {
     "parked": State.PARKED,
     "claimed": State.CLAIMED,
 }
+
+
+#: RFC 9110 5.6.2: a header name is a token.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: A header value an operator may give: visible ASCII, space and tab. RFC 9110 5.5
+#: also allows obs-text (bytes 0x80-0xFF), but clients disagree on what it means.
+_VALUE = re.compile(r"[\t\x20-\x7e]*")
+_RESPONSE_FIELDS = ("status", "headers", "body")
+_MAX_HEADERS = 100
+#: A request body of the operator API, but resolve's: a name, a note, a flag.
+_MAX_ADMIN_BODY = 64 * 1024
+#: For a record whose route a reload removed: a route's defaults (validated like any
+#: route, so its settings must be ones a config could hold).
+_ROUTE_DEFAULTS = RouteConfig(name="removed", path="/", upstream="http://127.0.0.1")
 
 
 def problem(status: int, slug: str, title: str, detail: str = "", **extra: Any) -> Response:
@@ -157,7 +175,7 @@ def create_admin_app(gateway: Gateway) -> Starlette:
         return JSONResponse(record.to_json())
 
     async def claim_key(request: Request) -> Response:
-        body = await _json_body(request)
+        body = await _json_body(request, _MAX_ADMIN_BODY)
         operator = _operator(body)
         ref, _ = await record_for(request)
         result = await gateway.store.operator_claim(ref, operator, bool(body.get("force", False)))
@@ -169,19 +187,21 @@ def create_admin_app(gateway: Gateway) -> Starlette:
         return JSONResponse(record.to_json() if record else {"state": result.state})
 
     async def resolve_key(request: Request) -> Response:
-        body = await _json_body(request)
+        name = request.path_params["route"]
+        route = next((r for r in gateway.config.routes if r.name == name), None)
+        ttl = route.response_ttl if route is not None else 86400.0
+        max_body = (route or _ROUTE_DEFAULTS).max_stored_body
+        # Room for the response body written as JSON text at its most escaped (\u0000).
+        body = await _json_body(request, 6 * max_body + _MAX_ADMIN_BODY)
         operator = _operator(body)
         outcome = body.get("outcome")
         if outcome not in ("done", "retry"):
             raise _Refused(problem(400, "bad-request", 'outcome must be "done" or "retry"'))
+        given = body.get("response") if outcome == "done" else None
+        if given is not None:
+            _check_response(given, max_body, name)
         ref, record = await record_for(request)
-        route = next((r for r in gateway.config.routes if r.name == ref.route), None)
-        ttl = route.response_ttl if route is not None else 86400.0
-        response = (
-            _operator_response(body.get("response"), record, operator)
-            if outcome == "done"
-            else None
-        )
+        response = _operator_response(given, record, operator) if outcome == "done" else None
         result = await gateway.store.operator_resolve(
             ref, operator, outcome, str(body.get("note", "")), response, ttl
         )
@@ -197,6 +217,7 @@ def create_admin_app(gateway: Gateway) -> Starlette:
 
     async def readyz(request: Request) -> Response:
         checks = {"config": "loaded", "store": "ok"}
+        doc: dict[str, Any] = {"checks": checks}
         status = 200
         if not gateway.started:
             checks["store"] = "not started"
@@ -204,13 +225,26 @@ def create_admin_app(gateway: Gateway) -> Starlette:
         else:
             try:
                 await gateway.store.ping()
+                info = await gateway.store.info()
             except StoreError as exc:
                 checks["store"] = str(exc)
                 status = 503
-        return JSONResponse({"ready": status == 200, "checks": checks}, status_code=status)
+            else:
+                gateway.metrics.set_store_info(info)
+                doc["store"] = {"maxmemory_policy": info.maxmemory_policy, "aof": info.aof}
+                refusal = info.refusal(gateway.config.store.allow_eviction)
+                allowed = "allowed by store.allow_eviction" if info.evicts else "ok"
+                checks["store_eviction"] = refusal or allowed
+                if refusal:
+                    status = 503
+        return JSONResponse({"ready": status == 200, **doc}, status_code=status)
 
     async def metrics(request: Request) -> Response:
         await gateway.refresh_key_metrics()
+        try:
+            gateway.metrics.set_store_info(await gateway.store.info())
+        except StoreError:
+            pass  # store_up says so
         registry = gateway.metrics.registry
         if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
             # Workers of one gateway: add up every worker's samples.
@@ -247,9 +281,22 @@ def _summary(record: Record) -> dict[str, Any]:
     }
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
+async def _json_body(request: Request, limit: int) -> dict[str, Any]:
+    too_large = _Refused(
+        problem(413, "request-too-large", f"The request body is over {limit} bytes")
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
     try:
-        body = await request.json()
+        body = json.loads(b"".join(chunks))
     except ValueError:
         raise _Refused(problem(400, "bad-request", "The body must be a JSON object")) from None
     if not isinstance(body, dict):
@@ -264,16 +311,100 @@ def _operator(body: dict[str, Any]) -> str:
     return operator.strip()
 
 
+def _bad_response(title: str, field: str, detail: str = "", **extra: Any) -> _Refused:
+    return _Refused(problem(400, "bad-response", title, detail, field=field, **extra))
+
+
+def _check_response(given: Any, max_body: int, route: str) -> None:
+    """Refuse an operator's response that the gateway could not replay as given:
+    repeats of the key get exactly it, for as long as the record lives."""
+    shape = 'Give {"status": 200, "headers": {"Name": "value"}, "body": ...}.'
+    if not isinstance(given, dict):
+        raise _bad_response("response must be a JSON object", "response", shape)
+    unknown = sorted(set(given) - set(_RESPONSE_FIELDS))
+    if unknown:
+        raise _bad_response(f"response has an unknown field: {unknown[0]}", "response", shape)
+    status = given.get("status", 200)
+    if isinstance(status, bool) or not isinstance(status, int) or not 200 <= status <= 599:
+        raise _bad_response(
+            "response.status must be a whole number from 200 to 599",
+            "response.status",
+            "A replay is a final response: 1xx ones are interim and never end an exchange.",
+        )
+    headers = given.get("headers", {})
+    if headers is None:
+        headers = {}
+    if not isinstance(headers, dict):
+        raise _bad_response(
+            "response.headers must be a JSON object of names and values", "response.headers"
+        )
+    if len(headers) > _MAX_HEADERS:
+        raise _bad_response(f"response.headers has over {_MAX_HEADERS} headers", "response.headers")
+    for name, value in headers.items():
+        _check_header(name, value)
+    body = given.get("body", "")
+    raw = _body_bytes(body)
+    if len(raw) > max_body:
+        raise _bad_response(
+            f"response.body is over {max_body} bytes",
+            "response.body",
+            f"Route {route} stores and replays bodies up to {max_body} bytes "
+            "(its max_stored_body).",
+        )
+    if raw and status in (204, 304):
+        raise _bad_response(f"response.body must be empty for status {status}", "response.body")
+
+
+def _check_header(name: str, value: Any) -> None:
+    field = f"response.headers.{name}"
+    if not _TOKEN.fullmatch(name):
+        raise _bad_response(
+            f"response.headers: {name!r} is not a header name",
+            field,
+            "A header name is letters, digits and !#$%&'*+-.^_`|~ (an RFC 9110 token).",
+        )
+    lowered = name.lower()
+    refusal = ""
+    if lowered == "content-length":
+        refusal = "the gateway sets Content-Length itself"
+    elif lowered == "transfer-encoding":
+        refusal = "the gateway frames the replay itself: no Transfer-Encoding"
+    elif lowered in HOP_BY_HOP:
+        refusal = f"{name} is a hop-by-hop header, not part of a stored response"
+    elif lowered in NEVER_STORED:
+        refusal = f"a stored response never carries {name}: every repeat would get it"
+    elif lowered in REPLAY_HEADERS:
+        refusal = f"the gateway sets {name} itself on replays"
+    if refusal:
+        raise _bad_response(f"response.headers: {refusal}", field)
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise _bad_response(f"response.headers: the value of {name} must be text", field)
+    if not _VALUE.fullmatch(str(value)):
+        raise _bad_response(
+            f"response.headers: the value of {name} has a character a header cannot carry",
+            field,
+            "Header values are printable ASCII, spaces and tabs: no CR, LF, NUL or other "
+            "control characters.",
+        )
+
+
+def _body_bytes(body: Any) -> bytes:
+    return body.encode() if isinstance(body, str) else json.dumps(body).encode()
+
+
 def _operator_response(given: Any, record: Record, operator: str) -> StoredResponse:
     """What repeats of the key get once an operator said it is done: the response
-    they gave, or a 2xx that says an operator resolved it."""
+    they gave (checked by _check_response), or a 2xx that says an operator resolved it."""
     if isinstance(given, dict):
         body = given.get("body", "")
-        raw = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-        headers = tuple((str(k).lower(), str(v)) for k, v in (given.get("headers") or {}).items())
+        headers = tuple(
+            (name.lower(), str(value).strip(" \t"))
+            for name, value in (given.get("headers") or {}).items()
+        )
         if not any(name == "content-type" for name, _ in headers) and not isinstance(body, str):
             headers = (*headers, ("content-type", "application/json"))
-        return StoredResponse(int(given.get("status", 200)), headers, raw, origin="operator")
+        status = given.get("status", 200)
+        return StoredResponse(status, headers, _body_bytes(body), origin="operator")
     doc = {
         "status": "completed",
         "resolved_by": operator,

@@ -9,32 +9,38 @@ closes the gateway; `cli run` drives both listeners from one gateway instead.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 from dataclasses import replace
-from urllib.parse import quote, unquote_to_bytes
+from typing import Any
+from urllib.parse import quote, unquote, unquote_to_bytes
 
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.config import Config
 from gateway.engine import Engine, Origin, Reply
 from gateway.errors import (
+    AmbiguousPath,
+    BadHost,
     GatewayError,
     HeadersTooLarge,
     MalformedRequest,
     NoRoute,
+    OutcomeLost,
     PayloadTooLarge,
     ProblemError,
     StoreError,
 )
+from gateway.framing import CALLER_TRANSPORT, http_date, reset
 from gateway.keys import RequestParts
 from gateway.logs import Trace, current_trace, log_access
 from gateway.metrics import Metrics
 from gateway.reconcile import Reconciler, stop_if_cancelled
-from gateway.routes import Router
+from gateway.routes import Router, remove_dot_segments
 from gateway.store import open_store
 from gateway.store.base import Store
-from gateway.upstream import Upstream
+from gateway.upstream import BodyStream, ResponseBudget, TrustedProxies, Upstream, valid_host
 
 log = logging.getLogger("gateway")
 
@@ -43,6 +49,9 @@ _FORBIDDEN_IN_HEADER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 #: Seconds between looks at the store's markers (see Store.check_reset).
 STORE_WATCH_INTERVAL = 1.0
+
+#: A whole body larger than this is written in parts of this size (_send_parts).
+WRITE_PART = 256 * 1024
 
 
 class Gateway:
@@ -57,10 +66,17 @@ class Gateway:
     ) -> None:
         self.config = config
         self.store = store if store is not None else open_store(config.store)
-        self.upstream = upstream if upstream is not None else Upstream()
+        self.upstream = (
+            upstream
+            if upstream is not None
+            else Upstream(keepalive=config.server.upstream_keep_alive)
+        )
         self.metrics = metrics if metrics is not None else Metrics()
         self.router = Router(config.routes)
+        self.proxies = TrustedProxies(config.server.trusted_proxies)
         self.engine = Engine(config, self.store, self.upstream, self.metrics)
+        budget = self.engine.budget
+        self.metrics.watch_buffered(lambda: budget.held)
         self.reconciler = Reconciler(config, self.store, self.upstream, self.metrics)
         self.engine.reconciler = self.reconciler
         self.sweep = sweep
@@ -89,6 +105,7 @@ class Gateway:
                 log.exception("store reset check failed")
                 lost = 0
             stop_if_cancelled()
+            self.metrics.refresh_buffered()
             if lost:
                 self.metrics.store_resets.inc()
                 log.error(
@@ -132,7 +149,9 @@ class Gateway:
         )
         self.config = config
         self.router = Router(config.routes)
+        self.proxies = TrustedProxies(config.server.trusted_proxies)
         self.engine.config = config
+        self.engine.budget.limit = config.server.max_buffered_responses
         self.reconciler.configure(config)
         return kept
 
@@ -174,24 +193,34 @@ class ProxyApp:
         trace = Trace(scope["method"], scope["path"])
         current_trace.set(trace)
         try:
-            _check_path(scope)
-            match = gateway.router.match(scope["method"], scope["path"])
-            if match is None:
-                raise NoRoute(f"No route for {scope['method']} {scope['path']}.")
-            route = match.route
-            route_name = trace.route = route.name
+            raw_path, path = _paths(scope)
+            match = gateway.router.match(scope["method"], path)
+            if match is not None:
+                route_name = trace.route = match.route.name
+            # Before NoRoute: a request that is not valid HTTP is a 400 wherever it goes.
             headers = _headers(scope, gateway.config.server.max_header_bytes)
+            if match is None:
+                raise NoRoute(f"No route for {scope['method']} {path}.")
+            route = match.route
+            if route.key is not None and _splits_differently(raw_path):
+                raise AmbiguousPath(
+                    "The path has %2F, %5C or a backslash. Servers disagree on whether "
+                    "they separate segments, so the path keyed here might not be the one "
+                    "the upstream serves; this keyed route refuses them."
+                )
             body = await _read_body(receive, headers, route.max_request_body)
             parts = RequestParts(
                 method=scope["method"],
-                path=_raw_path(scope),
+                path=raw_path,
                 query=scope["query_string"].decode("latin-1"),
                 headers=headers,
                 body=body,
                 params=match.params,
             )
             client = scope.get("client")
-            origin = Origin(client[0] if client else None, scope.get("scheme", "http"))
+            origin = Origin(
+                client[0] if client else None, scope.get("scheme", "http"), gateway.proxies
+            )
             reply = await gateway.engine.handle(match, parts, origin)
         except ProblemError as exc:
             if exc.route is None:
@@ -210,7 +239,9 @@ class ProxyApp:
             await _send(send, status, raw, payload)
             log_access(trace, status)
             return
-        await _send_reply(send, reply)
+        await _send_reply(send, reply, gateway.engine.budget, scope, receive)
+        if reply.settling is not None:
+            await asyncio.wait([reply.settling])  # so the access log has the key's outcome
         log_access(trace, reply.status)
 
     async def _lifespan_events(self, receive: Receive, send: Send) -> None:
@@ -246,6 +277,8 @@ def _headers(scope: Scope, limit: int) -> list[tuple[str, str]]:
     size = 0
     out: list[tuple[str, str]] = []
     bad = ""
+    hosts = 0
+    host = ""
     for name, value in raw:
         size += len(name) + len(value)
         header, text = name.decode("latin-1").lower(), value.decode("latin-1")
@@ -253,35 +286,71 @@ def _headers(scope: Scope, limit: int) -> list[tuple[str, str]]:
         # upstream client would fail on them after the key was claimed.
         if not bad and _FORBIDDEN_IN_HEADER.search(text):
             bad = header
+        if header == "host":
+            hosts += 1
+            host = text
         out.append((header, text))
     if size > limit:
         raise HeadersTooLarge(f"The request headers are {size} bytes; the limit is {limit}.")
     if bad:
         raise MalformedRequest(f"The {bad} header contains control characters.")
+    if hosts != 1 or not valid_host(host):
+        _check_host(hosts, host, scope.get("http_version", "1.1"))
     return out
 
 
-def _check_path(scope: Scope) -> None:
-    """Refuse a path whose percent-escapes are not UTF-8. The server decodes them with
-    U+FFFD for each bad byte, so /jobs/%FF and /jobs/%FE would match as one path and
-    give a `{path.<param>}` key the same value."""
-    raw: bytes | None = scope.get("raw_path")
-    if raw is not None and "\ufffd" in scope["path"]:
+def _check_host(hosts: int, host: str, version: str) -> None:
+    """RFC 9112 3.2: 400 for an HTTP/1.1 request without Host, and for any with more
+    than one Host line or an invalid one. Which Host the gateway reports upstream
+    (X-Forwarded-Host, Forwarded) must never be a choice between two. An HTTP/1.0
+    request may lack it (its clients predate the header): it is forwarded without."""
+    if hosts > 1:
+        raise BadHost(f"The request has {hosts} Host header lines; HTTP allows exactly one.")
+    if hosts == 0:
+        if version == "1.0":
+            return
+        raise BadHost("The request has no Host header; HTTP/1.1 requires one.")
+    shown = host if len(host) <= 64 else host[:64] + "..."
+    raise BadHost(f"The Host header {shown!r} is not a host name or address with an optional port.")
+
+
+def _paths(scope: Scope) -> tuple[str, str]:
+    """The request's path twice: as forwarded, and as matched (the same, decoded).
+
+    The forwarded one is the path as the caller sent it, still percent-encoded, with
+    its dot-segments removed (routes.remove_dot_segments): what is matched is what
+    keys, fingerprints and the upstream see. Decoding it would turn %3F into a query,
+    %0D%0A into a line break in the upstream request, and %2F into a path separator.
+
+    A path whose percent-escapes are not UTF-8 is refused: decoded with U+FFFD for
+    each bad byte, /jobs/%FF and /jobs/%FE would match as one path and give a
+    `{path.<param>}` key the same value."""
+    raw_bytes: bytes | None = scope.get("raw_path")
+    path: str = scope["path"]
+    if raw_bytes is None:
+        raw = quote(path, safe="/%:@!$&'()*+,;=~")
+    else:
+        raw = raw_bytes.decode("latin-1")
+    normal = remove_dot_segments(raw)
+    if normal is not raw:
+        raw, path = normal, unquote(normal)
+    if "\ufffd" in path:
         try:
             unquote_to_bytes(raw).decode("utf-8")
         except UnicodeDecodeError:
             raise MalformedRequest("The path is not valid UTF-8 once percent-decoded.") from None
+    return raw, path
 
 
-def _raw_path(scope: Scope) -> str:
-    """The path as the caller sent it, still percent-encoded: what is forwarded and
-    what keys and fingerprints see. Decoding it would turn %3F into a query, %0D%0A
-    into a line break in the upstream request, and %2F into a path separator that
-    makes two different upstream requests look like one."""
-    raw: bytes | None = scope.get("raw_path")
-    if raw is None:
-        return quote(scope["path"], safe="/%:@!$&'()*+,;=~")
-    return raw.decode("latin-1")
+def _splits_differently(raw: str) -> bool:
+    """%2F and %5C (and a backslash) are one segment to some servers, a separator to
+    others (and to their path normalisation): refused on keyed routes."""
+    if "\\" in raw:
+        return True
+    if "%" not in raw:
+        return False
+    lowered = raw.lower()
+    return "%2f" in lowered or "%5c" in lowered
 
 
 async def _read_body(receive: Receive, headers: list[tuple[str, str]], limit: int) -> bytes:
@@ -327,11 +396,105 @@ async def _read_body(receive: Receive, headers: list[tuple[str, str]], limit: in
 
 
 async def _send(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    _date(headers)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-async def _send_reply(send: Send, reply: Reply) -> None:
+def _date(headers: list[tuple[bytes, bytes]]) -> None:
+    """One Date: a forwarded or replayed response keeps the upstream's (a replay says
+    when the response was made, as a cache's would); any other answer gets the
+    gateway's. The listener adds none of its own."""
+    for name, _ in headers:
+        if name == b"date":
+            return
+    headers.append((b"date", http_date()))
+
+
+async def _send_reply(
+    send: Send, reply: Reply, budget: ResponseBudget, scope: Scope, receive: Receive
+) -> None:
     headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in reply.headers]
-    headers.append((b"content-length", str(len(reply.body)).encode()))
-    await _send(send, reply.status, headers, reply.body)
+    body = reply.body
+    try:
+        if reply.rest is not None:
+            await _send_stream(send, reply.status, headers, reply.rest, scope, receive)
+            return
+        headers.append((b"content-length", str(len(body)).encode()))
+        if len(body) <= WRITE_PART:
+            await _send(send, reply.status, headers, body)  # one write, the usual case
+        else:
+            await _send_parts(send, reply.status, headers, body, scope)
+    finally:
+        if reply.held:
+            budget.release(reply.held)
+
+
+async def _send_parts(
+    send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes, scope: Scope
+) -> None:
+    """A large body in parts, each written when the caller has taken enough of the one
+    before (uvicorn's flow control), so a caller that stops reading holds one part in
+    the server's buffers, not the body; server.write_timeout ends its connection."""
+    _date(headers)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    transport = scope.get(CALLER_TRANSPORT)
+    view = memoryview(body)
+    size = len(body)
+    for start in range(0, size, WRITE_PART):
+        end = start + WRITE_PART
+        part = {"type": "http.response.body", "body": view[start:end], "more_body": end < size}
+        await send(part)
+        if transport is not None and transport.is_closing():
+            return  # the caller is gone
+
+
+async def _send_stream(
+    send: Send,
+    status: int,
+    headers: list[tuple[bytes, bytes]],
+    rest: BodyStream,
+    scope: Scope,
+    receive: Receive,
+) -> None:
+    """A body as it arrives. Each part is written once the caller has taken the one
+    before, and the upstream is read no faster. If the body is cut off (or this caller
+    is given up on), the connection closes with the response short of its
+    Content-Length or last chunk: visibly incomplete, never a completed response."""
+    if rest.length is not None:
+        headers.append((b"content-length", str(rest.length).encode()))
+    _date(headers)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    transport = scope.get(CALLER_TRANSPORT)
+    if transport is not None:
+        rest.when_dropped(functools.partial(_cut_off, transport, hard=True))
+    try:
+        while chunk := await rest.read():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if transport is not None and transport.is_closing():
+                break  # the caller is gone (or stopped reading for server.write_timeout)
+        else:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+    except OutcomeLost as exc:
+        if transport is None:
+            raise  # another server: an error is how the connection gets closed
+        _cut_off(transport, exc.reason)
+    finally:
+        rest.abandon()  # what is left is not for this caller (a key's body is still read)
+    # Let the server see the connection gone before this returns, so it does not take
+    # the unfinished response for an app that forgot to finish it.
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _cut_off(transport: Any, reason: str, *, hard: bool = False) -> None:
+    """End a response short. `hard` for a caller given up on: a reset, since it is not
+    reading what the kernel holds for it; otherwise what was sent still arrives, then
+    the close."""
+    if not transport.is_closing():
+        log.warning("response to the caller cut off: %s", reason)
+        if hard:
+            reset(transport)
+        else:
+            transport.abort()

@@ -12,11 +12,19 @@ One request on a keyed route:
 
 The forward runs in a task of its own, shielded from the caller: a caller that hangs
 up does not cancel it, so the response is still stored and the retry gets it.
+
+A body larger than the route's max_stored_body (or one the process's response budget
+has no room for) reaches the caller as it arrives (Reply.rest); the key is decided
+when it ends, by a task of its own, exactly as it would be for a body read whole:
+complete (headers only, body_omitted), release for a status not cached, unresolved
+when it is cut off. The caller going away does not change that: the body is read to
+its end for the key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import time
@@ -43,14 +51,23 @@ from gateway.errors import (
 )
 from gateway.keys import RequestParts, extract_key, fingerprint, record_digest, scope_value
 from gateway.logs import current_trace
-from gateway.metrics import Metrics
+from gateway.metrics import Metrics, RouteMetrics
 from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredResponse
 from gateway.routes import RouteMatch
 
 if TYPE_CHECKING:
     from gateway.reconcile import Reconciler
 from gateway.store.base import EXPIRED_POLICY, Store
-from gateway.upstream import Upstream, UpstreamResponse, forwarded_headers
+from gateway.upstream import (
+    HOP_BY_HOP,
+    NO_PROXIES,
+    BodyStream,
+    ResponseBudget,
+    TrustedProxies,
+    Upstream,
+    UpstreamResponse,
+    forwarded_headers,
+)
 
 log = logging.getLogger("gateway.engine")
 
@@ -60,20 +77,38 @@ _RETRY = object()
 #: Headers a stored response never keeps: per-caller state must not be replayed.
 NEVER_STORED = frozenset({"set-cookie", "set-cookie2"})
 
+#: Headers the gateway adds to a replay itself.
+REPLAY_HEADERS = frozenset(
+    {"idempotent-replayed", "idempotent-body-omitted", "idempotent-resolved-by"}
+)
 
-@dataclass(frozen=True, slots=True)
+#: What a replay never takes from a stored response, whoever wrote it (an older
+#: version, an operator, someone with write access to the store): framing and
+#: hop-by-hop headers (the replay is framed by this hop, for this caller), per-caller
+#: state, and the headers a replay gets from the gateway.
+_NOT_REPLAYED = HOP_BY_HOP | NEVER_STORED | REPLAY_HEADERS
+
+
+@dataclass(slots=True)  # not frozen, for the same reason as UpstreamResponse
 class Reply:
     status: int
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    #: bytes of `body` counted in the engine's response budget until they are written
+    held: int = 0
+    #: the body as it arrives, when it was too large to hold (`body` is then empty)
+    rest: BodyStream | None = None
+    #: for a key's streamed body: the task that settles the key once the body ends
+    settling: asyncio.Task[None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """Where the request came from, for X-Forwarded-*."""
+    """Where the request came from, for X-Forwarded-* and Forwarded."""
 
-    client: str | None
+    client: str | None  # the immediate peer's address
     scheme: str
+    proxies: TrustedProxies = NO_PROXIES  # server.trusted_proxies
 
 
 @dataclass(slots=True)
@@ -92,7 +127,11 @@ class Engine:
         self.upstream = upstream
         self.metrics = metrics
         self._local: dict[str, _LocalRun] = {}
-        self.tasks: set[asyncio.Task[Reply]] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        #: response bytes in memory, process-wide (server.max_buffered_responses)
+        self.budget = ResponseBudget(
+            config.server.max_buffered_responses, metrics.buffer_full_event
+        )
         self._reading: dict[str, asyncio.Future[Record | object | None]] = {}
         self.reconciler: Reconciler | None = None  # set by the Gateway
         # The lease outlives the upstream deadline plus the store writes after it
@@ -261,7 +300,20 @@ class Engine:
         )
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-        return await asyncio.shield(task)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._unsent)  # its reply will find nobody to write it
+            raise
+
+    def _unsent(self, task: asyncio.Task[Reply]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        reply = task.result()
+        if reply.held:
+            self.budget.release(reply.held)
+        if reply.rest is not None:
+            reply.rest.abandon()  # a key's body is still read to its end
 
     async def _forward_and_settle(
         self,
@@ -273,9 +325,10 @@ class Engine:
         done: asyncio.Future[StoredResponse | None],
     ) -> Reply:
         stored: StoredResponse | None = None
+        streamed = False
         try:
             try:
-                response = await self._forward(route, parts, origin, ref.key)
+                response = await self._forward(route, parts, origin, ref.key, settles=True)
             except asyncio.CancelledError:
                 # Only drain() cancels a forward: the gateway is shutting down with
                 # this request still out. Its outcome is unknown; say so now rather
@@ -305,20 +358,77 @@ class Engine:
                     key=ref.key,
                     **_upstream_status(exc),
                 ) from exc
-            if response.status not in route.cache_statuses:
-                await self._release(route, ref, run_id, f"upstream answered {response.status}")
-                self._count(route, "upstream_error")
-                return Reply(response.status, response.headers, response.body)
-            stored = self._to_store(route, response)
-            await self._settle(
-                self.store.complete(ref, run_id, stored, route.response_ttl), ref, "complete"
-            )
-            self._count(route, "forwarded")
-            return Reply(response.status, response.headers, response.body)
+            if response.rest is not None:
+                # The caller gets the body as it arrives; its end decides the key.
+                settling = asyncio.create_task(
+                    self._settle_stream(route, ref, run_id, response, done)
+                )
+                self.tasks.add(settling)
+                settling.add_done_callback(self.tasks.discard)
+                streamed = True
+                return Reply(response.status, response.headers, b"", 0, response.rest, settling)
+            try:
+                stored = await self._conclude(route, ref, run_id, response)
+            except BaseException:
+                self.budget.release(response.held)  # drain() cancelled it: nobody writes it
+                raise
+            return Reply(response.status, response.headers, response.body, response.held)
+        finally:
+            if not streamed:
+                self._local.pop(ref.digest, None)
+                if not done.done():
+                    done.set_result(stored)
+
+    async def _settle_stream(
+        self,
+        route: Route,
+        ref: KeyRef,
+        run_id: str,
+        response: UpstreamResponse,
+        done: asyncio.Future[StoredResponse | None],
+    ) -> None:
+        """Decide the key when a streamed body ends, as _forward_and_settle does when
+        a body read whole ends. Its caller may be gone by then: the body is read to
+        its end all the same."""
+        rest = response.rest
+        assert rest is not None
+        stored: StoredResponse | None = None
+        try:
+            try:
+                await rest.finished()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()  # drain(): the gateway is shutting down
+                if task is not None:
+                    task.uncancel()
+                rest.close()
+                reason = "the gateway shut down before the upstream's body was complete"
+            except OutcomeLost as exc:
+                # The caller's response is cut short too (never completed): the work ran.
+                reason = exc.reason
+            else:
+                stored = await self._conclude(route, ref, run_id, response)
+                return
+            await self._unknown(route, ref, run_id, reason)
         finally:
             self._local.pop(ref.digest, None)
             if not done.done():
                 done.set_result(stored)
+
+    async def _conclude(
+        self, route: Route, ref: KeyRef, run_id: str, response: UpstreamResponse
+    ) -> StoredResponse | None:
+        """The answer arrived whole: complete the key with it, or release the key for a
+        status the route does not cache. The stored response, if any."""
+        if response.status not in route.cache_statuses:
+            await self._release(route, ref, run_id, f"upstream answered {response.status}")
+            self._count(route, "upstream_error")
+            return None
+        stored = self._to_store(route, response)
+        await self._settle(
+            self.store.complete(ref, run_id, stored, route.response_ttl), ref, "complete"
+        )
+        self._count(route, "forwarded")
+        return stored
 
     async def _release(self, route: Route, ref: KeyRef, run_id: str, reason: str) -> None:
         await self._settle(
@@ -351,9 +461,17 @@ class Engine:
             log.warning("could not %s key %r: another run or an operator holds it", what, ref.key)
 
     async def _forward(
-        self, route: Route, parts: RequestParts, origin: Origin, key: str | None
+        self,
+        route: Route,
+        parts: RequestParts,
+        origin: Origin,
+        key: str | None,
+        *,
+        settles: bool = False,
     ) -> UpstreamResponse:
-        headers = forwarded_headers(parts.headers, origin.client, origin.scheme)
+        """`settles`: the body's end decides a key, so it is read to its end even if
+        the caller goes away."""
+        headers = forwarded_headers(parts.headers, origin.client, origin.scheme, origin.proxies)
         if key is not None and route.forward_key_header:
             name = route.forward_key_header.lower()
             headers = [(n, v) for n, v in headers if n != name]
@@ -362,6 +480,7 @@ class Engine:
         metrics = self.metrics.for_route(route.name)
         metrics.in_flight.inc()
         started = time.perf_counter()
+        response: UpstreamResponse | None = None
         try:
             response = await self.upstream.forward(
                 parts.method,
@@ -370,10 +489,15 @@ class Engine:
                 parts.body,
                 route.upstream_timeout,
                 route.max_response_body,
+                self.budget,  # budget, whole_up_to, read_to_end (positional: per request)
+                route.max_stored_body,
+                settles,
             )
         finally:
-            metrics.upstream_duration.observe(time.perf_counter() - started)
-            metrics.in_flight.dec()
+            if response is None or response.rest is None:
+                _answered(metrics, started)
+            else:  # a streamed answer is complete at its end
+                response.rest.when_done(functools.partial(_answered, metrics, started))
         trace = current_trace.get()
         if trace is not None:
             trace.upstream_status = response.status
@@ -390,7 +514,7 @@ class Engine:
             raise UpstreamFailed(exc.reason, route=route.name) from exc
         except OutcomeLost as exc:
             raise OutcomeUnknown(exc.reason, route=route.name, **_upstream_status(exc)) from exc
-        return Reply(response.status, response.headers, response.body)
+        return Reply(response.status, response.headers, response.body, response.held, response.rest)
 
     def _to_store(self, route: Route, response: UpstreamResponse) -> StoredResponse:
         headers = tuple(
@@ -398,16 +522,17 @@ class Engine:
             for n, v in response.headers
             if n not in NEVER_STORED and n not in route.strip_headers
         )
-        if len(response.body) > route.max_stored_body:
+        if response.rest is not None or len(response.body) > route.max_stored_body:
             return StoredResponse(response.status, headers, b"", body_omitted=True)
         return StoredResponse(response.status, headers, response.body)
 
     def _replay(self, route: Route, stored: StoredResponse, outcome: str) -> Reply:
         self._count(route, outcome)
-        headers = [*stored.headers, ("idempotent-replayed", "true")]
+        headers = _replayable(stored.headers)
+        headers.append(("idempotent-replayed", "true"))
         if stored.body_omitted:
             headers.append(("idempotent-body-omitted", "true"))
-            headers = [(n, v) for n, v in headers if n != "content-encoding"]
+            headers = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
         if stored.origin != "upstream":
             headers.append(("idempotent-resolved-by", stored.origin))
         return Reply(stored.status, tuple(headers), stored.body)
@@ -477,6 +602,27 @@ class Engine:
             state=str(record.state),
             headers={"Retry-After": "60"},
         )
+
+
+def _replayable(stored: tuple[tuple[str, str], ...]) -> list[tuple[str, str]]:
+    """The stored headers a replay carries. One pass over a handful of headers; the
+    second only for a stored Connection header, which names more of them."""
+    named: set[str] = set()
+    headers = []
+    for name, value in stored:
+        lowered = name.lower()
+        if lowered not in _NOT_REPLAYED:
+            headers.append((name, value))
+        elif lowered == "connection":
+            named.update(token.strip().lower() for token in value.split(","))
+    if named:
+        headers = [(n, v) for n, v in headers if n.lower() not in named]
+    return headers
+
+
+def _answered(metrics: RouteMetrics, started: float) -> None:
+    metrics.upstream_duration.observe(time.perf_counter() - started)
+    metrics.in_flight.dec()
 
 
 def _missing_detail(route: Route) -> str:

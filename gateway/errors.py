@@ -8,9 +8,13 @@
     │   └── OutcomeLost        it was sent and the answer was lost: never resend blind
     └── ProblemError           answered to a caller as RFC 9457 problem+json
         ├── BadRequest         400: the request cannot be keyed (malformed body, bad key)
-        │   └── MalformedRequest 400: not valid HTTP/1.1 or its framing is ambiguous
+        │   ├── MalformedRequest 400: not valid HTTP/1.1 or its framing is ambiguous
+        │   │   ├── BadHost      400: no Host (HTTP/1.1), more than one, or an invalid one
+        │   │   └── UpgradeRefused 400: Connection: upgrade; the gateway does not switch
+        │   └── AmbiguousPath  400: an encoded slash or a backslash on a keyed route
         ├── MissingKey         400: the route needs a key and the request has none
         ├── NoRoute            404: no route matches
+        ├── RequestTimeout     408: the head or body did not arrive in time (the listener)
         ├── PayloadTooLarge    413
         ├── UriTooLong         414: the request target is over server.max_header_bytes
         ├── HeadersTooLarge    431
@@ -20,6 +24,7 @@
         ├── ResponseUnreadable 500: the stored response cannot be decrypted; kept as is
         ├── UpstreamFailed     502: the upstream could not be reached (never sent)
         ├── StoreUnavailable   503: the store is down and the route fails closed
+        ├── TooManyConnections 503: over server.max_connections; nothing was read
         └── OutcomeUnknown     504: the request was sent and its answer lost (timeout,
                                    reset, cut off): the work may have run
 
@@ -148,6 +153,27 @@ class MalformedRequest(BadRequest):
     title = "The request is not valid HTTP; it was not forwarded"
 
 
+class BadHost(MalformedRequest):
+    slug = "bad-host"
+    title = "The request needs exactly one valid Host header; it was not forwarded"
+
+
+class UpgradeRefused(MalformedRequest):
+    slug = "upgrade-refused"
+    title = (
+        "The gateway does not switch protocols; send the request without "
+        "Connection: upgrade. It was not forwarded"
+    )
+
+
+class AmbiguousPath(BadRequest):
+    slug = "ambiguous-path"
+    title = (
+        "The path has an encoded slash or a backslash, which servers split differently; "
+        "it was not forwarded"
+    )
+
+
 class MissingKey(ProblemError):
     status = 400
     slug = "missing-key"
@@ -158,6 +184,12 @@ class NoRoute(ProblemError):
     status = 404
     slug = "no-route"
     title = "No route matches this request"
+
+
+class RequestTimeout(ProblemError):
+    status = 408
+    slug = "request-timeout"
+    title = "The request did not arrive in time; it was not forwarded"
 
 
 class PayloadTooLarge(ProblemError):
@@ -211,6 +243,12 @@ class StoreUnavailable(ProblemError):
     status = 503
     slug = "store-unavailable"
     title = "The idempotency store is unavailable; retry later"
+
+
+class TooManyConnections(ProblemError):
+    status = 503
+    slug = "too-many-connections"
+    title = "The gateway has too many connections open; retry later"
 
 
 class OutcomeUnknown(ProblemError):

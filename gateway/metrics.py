@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from gateway.records import OPEN_STATES
 
 if TYPE_CHECKING:
-    from gateway.store.base import StateCount
+    from gateway.store.base import StateCount, StoreInfo
 
 #: Every value the `outcome` label takes, so dashboards can rely on the set.
 OUTCOMES = (
@@ -122,6 +123,37 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="mostrecent",
         )
+        self.store_info = Gauge(
+            prefix + "store_info",
+            "1 for what the store last said about keeping records: its maxmemory-policy "
+            "(anything but noeviction may evict records, and their keys run again) and "
+            "whether it writes an append-only file (aof: yes, no, n/a, unknown).",
+            ["maxmemory_policy", "aof"],
+            registry=self.registry,
+            multiprocess_mode="mostrecent",
+        )
+        self._store_info: tuple[str, str] | None = None
+        self.buffered_response_bytes = Gauge(
+            prefix + "buffered_response_bytes",
+            "Response bytes held in memory: bodies being read to be stored or sent whole, "
+            "and streamed parts not yet written to their callers "
+            "(limit: server.max_buffered_responses).",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.buffer_full = Counter(
+            prefix + "buffer_full",
+            "Times server.max_buffered_responses was reached, by what it caused: "
+            "streamed (a response that would have been read whole was streamed, so a "
+            "keyed one was stored without its body) or paused (a streamed response's "
+            "upstream read waited for memory).",
+            ["action"],
+            registry=self.registry,
+        )
+        self._buffer_full = {
+            action: self.buffer_full.labels(action) for action in ("streamed", "paused")
+        }
+        self._buffered: Callable[[], int] | None = None
 
     def set_key_stats(self, stats: list[StateCount], routes: list[str]) -> None:
         """Replace the key gauges with a fresh read; every route and open state is
@@ -138,6 +170,33 @@ class Metrics:
         for stat in stats:
             self.keys.labels(stat.route, str(stat.state)).set(stat.count)
             self.oldest_key_age.labels(stat.route, str(stat.state)).set(stat.oldest_seconds)
+
+    def set_store_info(self, info: StoreInfo) -> None:
+        labels = (info.maxmemory_policy, info.aof)
+        old, self._store_info = self._store_info, labels
+        if old is not None and old != labels:
+            if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+                # Workers' files cannot be cleared: the most recent value wins.
+                self.store_info.labels(*old).set(0)
+            else:
+                self.store_info.remove(*old)
+        self.store_info.labels(*labels).set(1)
+
+    def watch_buffered(self, held: Callable[[], int]) -> None:
+        """Report `held()` as the buffered-bytes gauge: read at scrape time, so the
+        per-request path never touches the gauge. Multiprocess samples are files each
+        worker writes, so there `refresh_buffered` copies it in, once a second."""
+        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+            self._buffered = held
+        else:
+            self.buffered_response_bytes.set_function(held)
+
+    def refresh_buffered(self) -> None:
+        if self._buffered is not None:
+            self.buffered_response_bytes.set(self._buffered())
+
+    def buffer_full_event(self, action: str) -> None:
+        self._buffer_full[action].inc()
 
     def for_route(self, route: str) -> RouteMetrics:
         found = self._routes.get(route)

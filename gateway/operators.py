@@ -25,7 +25,10 @@ class AdminClient:
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.base_url + path, data=data, method=method)
+        try:
+            request = urllib.request.Request(self.base_url + path, data=data, method=method)
+        except ValueError as exc:  # not a URL at all
+            raise Unreachable(f"{self.base_url!r} is not an http(s) URL: {exc}") from None
         request.add_header("Authorization", f"Bearer {self.token}")
         if data is not None:
             request.add_header("Content-Type", "application/json")
@@ -38,6 +41,15 @@ class AdminClient:
                 return exc.code, json.loads(payload)
             except ValueError:
                 return exc.code, {"title": payload.decode(errors="replace")}
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise Unreachable(
+                f"cannot reach the admin listener at {self.base_url}: {reason}"
+            ) from None
+
+
+class Unreachable(Exception):
+    """No answer from the admin listener (refused, timed out, a wrong --admin-url)."""
 
 
 def _key_path(route: str, key: str) -> str:
@@ -95,7 +107,14 @@ def run(args: argparse.Namespace) -> int:
     if not token:
         print("error: set GATEWAY_ADMIN_TOKEN to the admin token", file=sys.stderr)
         return 2
-    client = AdminClient(args.admin_url, token)
+    try:
+        return _run(args, AdminClient(args.admin_url, token))
+    except Unreachable as exc:
+        print(f"error: {exc} (give --admin-url or set GATEWAY_ADMIN_URL)", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace, client: AdminClient) -> int:
     suffix = f"?digest={quote(args.digest)}" if getattr(args, "digest", None) else ""
     if args.keys_command == "list":
         query = {"state": args.state}
@@ -146,17 +165,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: Any) -> None:
-    keys = sub.add_parser("keys", help="list, show, claim and resolve keys (operator API)")
-    keys.add_argument(
+def _shared_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The options of `keys` itself, which every action takes too: `keys --json list`
+    and `keys list --json` alike. Only `keys` has the defaults; an action's copy is
+    SUPPRESSed unless given, so it never overwrites a value given before the action."""
+    url = os.environ.get("GATEWAY_ADMIN_URL", "http://127.0.0.1:9090")
+    parser.add_argument(
         "--admin-url",
-        default=os.environ.get("GATEWAY_ADMIN_URL", "http://127.0.0.1:9090"),
+        default=url if defaults else argparse.SUPPRESS,
         help="the admin listener (default: $GATEWAY_ADMIN_URL or http://127.0.0.1:9090)",
     )
-    keys.add_argument("--json", action="store_true", help="print the API's JSON")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=False if defaults else argparse.SUPPRESS,
+        help="print the API's JSON",
+    )
+
+
+def add_parser(sub: Any) -> None:
+    keys = sub.add_parser("keys", help="list, show, claim and resolve keys (operator API)")
+    _shared_options(keys, defaults=True)
     keys.set_defaults(func=run)
+    shared = argparse.ArgumentParser(add_help=False)
+    _shared_options(shared, defaults=False)
     actions = keys.add_subparsers(dest="keys_command", required=True)
-    listing = actions.add_parser("list", help="keys that need attention")
+    listing = actions.add_parser("list", help="keys that need attention", parents=[shared])
     listing.add_argument(
         "--state",
         default="unresolved,parked,claimed",
@@ -169,7 +203,7 @@ def add_parser(sub: Any) -> None:
         ("claim", "take a key to work on"),
         ("resolve", "decide a key you hold"),
     ):
-        action = actions.add_parser(name, help=text)
+        action = actions.add_parser(name, help=text, parents=[shared])
         action.add_argument("route")
         action.add_argument("key")
         action.add_argument("--digest", help="for scoped routes: the digest from `keys list`")

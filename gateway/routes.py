@@ -8,6 +8,11 @@ best exact hit, which keeps the order semantics intact.
 
 Patterns: `{name}` matches one path segment, `{name:path}` matches the rest of
 the path including slashes. Trailing slashes are significant.
+
+A path is matched after its dot-segments are removed (`remove_dot_segments`), and
+the gateway forwards that same path: /jobs/x/../../admin is /admin, matched as
+/admin and sent upstream as /admin, never matched as one route and sent to another
+path.
 """
 
 from __future__ import annotations
@@ -17,6 +22,33 @@ from dataclasses import dataclass
 
 from gateway.config import Route
 from gateway.config.paths import compile_path_pattern
+
+#: Segments that are dot-segments, lower-cased: `.` and `..`, with either dot sent as
+#: %2E (RFC 3986 6.2.2.2: an encoded unreserved character is the character).
+_DOTS = {".": 1, "%2e": 1, "..": 2, ".%2e": 2, "%2e.": 2, "%2e%2e": 2}
+
+
+def remove_dot_segments(path: str) -> str:
+    """RFC 3986 5.2.4 on an absolute path still percent-encoded: `.` segments go,
+    `..` ones take the segment before with them, and none climbs above the root
+    (/../x is /x). Every other segment is kept byte for byte. A path that cannot hold
+    a dot-segment (none starts with `.` or `%`) is returned as it is, without a split."""
+    if not path.startswith("/") or ("/." not in path and "/%" not in path):
+        return path
+    segments = path[1:].split("/")
+    out: list[str] = []
+    dot = 0
+    for segment in segments:
+        dot = _DOTS.get(segment.lower(), 0) if len(segment) <= 6 else 0
+        if not dot:
+            out.append(segment)
+        elif dot == 2 and out:
+            out.pop()
+    if dot:
+        out.append("")  # a path ending in a dot-segment names a directory: "/a/b/.." is "/a/"
+    elif len(out) == len(segments):
+        return path  # nothing removed
+    return "/" + "/".join(out)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,14 @@ record's field does not open. New responses are sealed with `encryption_key`;
 `previous_encryption_keys` only open old ones.
 
 A plain response (what `StoredResponse.encode` writes, always starting with `[`) is
-read as it is, so encryption can be turned on without downtime: responses stored
-before expire after their route's `response_ttl`.
+what a store without `encryption_key` writes and reads. With `encryption_key` set, a
+plain response is unreadable: nothing this gateway wrote looks like that, so it was
+written by whoever can write to the store, and replaying it would let them answer
+callers in the upstream's name. `store.read_unencrypted: true` reads plain responses
+anyway while encryption is being turned on (responses stored before expire after
+their route's `response_ttl`; then turn it off). With only
+`previous_encryption_keys` (encryption being turned off) responses are written plain,
+so plain ones are read.
 
 A response that cannot be read (its key is no longer configured, or the bytes were
 changed) raises `Unreadable`: the stores keep the record and say why, the engine
@@ -82,12 +88,20 @@ def key_id(key: bytes) -> bytes:
 
 class ResponseCodec:
     """Writes and reads stored responses for a store: plain without keys, sealed
-    with the first key otherwise. `keys[0]` writes (None: write plain); every key
-    in `keys` reads."""
+    with the first key otherwise. `writer` seals (None: write plain); it and every
+    key in `readers` open. With a `writer`, plain responses are refused unless
+    `read_plain` (store.read_unencrypted)."""
 
-    def __init__(self, writer: bytes | None = None, readers: tuple[bytes, ...] = ()) -> None:
+    def __init__(
+        self,
+        writer: bytes | None = None,
+        readers: tuple[bytes, ...] = (),
+        *,
+        read_plain: bool = False,
+    ) -> None:
         self._writer: tuple[bytes, AESGCM] | None = None
         self._readers: dict[bytes, AESGCM] = {}
+        self._refuse_plain = writer is not None and not read_plain
         keys = ((writer,) if writer is not None else ()) + readers
         if keys:
             # Imported only when a key is set: plain deployments never load it.
@@ -118,10 +132,10 @@ class ResponseCodec:
     def decode(self, digest: str, data: bytes) -> StoredResponse:
         if data[:1] == VERSION:
             data = self._open(digest, data)
-        try:
-            return StoredResponse.decode(data)
-        except (ValueError, TypeError):
-            raise Unreadable("the stored bytes are damaged: not a stored response") from None
+        elif self._refuse_plain:
+            _plain(data)  # which refusal: unencrypted, or not a response at all
+            raise Unreadable(PLAIN_REFUSED)
+        return _plain(data)
 
     def _open(self, digest: str, data: bytes) -> bytes:
         if len(data) < _HEADER + NONCE_BYTES + TAG_BYTES:
@@ -145,6 +159,20 @@ class ResponseCodec:
                 f"it does not decrypt with key id {kid}: it was changed in the store, or "
                 "copied from another record"
             ) from None
+
+
+PLAIN_REFUSED = (
+    "it is stored unencrypted while store.encryption_key is set: it was stored before "
+    "encryption was turned on (set store.read_unencrypted: true to read those until "
+    "they expire), or written by someone with write access to the store"
+)
+
+
+def _plain(data: bytes) -> StoredResponse:
+    try:
+        return StoredResponse.decode(data)
+    except (ValueError, TypeError):
+        raise Unreadable("the stored bytes are damaged: not a stored response") from None
 
 
 def _associated(header: bytes, digest: str) -> bytes:

@@ -37,7 +37,7 @@ import uvicorn
 
 from gateway.admin import create_admin_app
 from gateway.app import Gateway, ProxyApp
-from gateway.config import Config, load_config
+from gateway.config import Config, ServerConfig, load_config
 from gateway.config.addresses import parse_listen
 from gateway.errors import ConfigError
 from gateway.framing import protocol_for
@@ -62,14 +62,17 @@ def uvicorn_server(
     listen: str,
     *,
     grace: float = 5.0,
-    head_limit: Callable[[], int] | None = None,
+    settings: Callable[[], ServerConfig] | None = None,
 ) -> uvicorn.Server:
-    """A uvicorn server for one listener; with `head_limit`, the gateway's own parser
-    (gateway/framing.py): problem+json refusals and a bounded request head."""
+    """A uvicorn server for one listener; with `settings`, the proxy listener
+    (gateway/framing.py): problem+json refusals, a bounded request head, the
+    deadlines, the connection cap and the keep-alive of `server.*`, read per
+    connection. Its responses carry the Date the app gives them (gateway/app.py adds
+    one where there is none), not a second one from uvicorn."""
     host, port = split_listen(listen)
     config = uvicorn.Config(
         app,
-        http=protocol_for(head_limit) if head_limit is not None else "auto",
+        http=protocol_for(settings) if settings is not None else "auto",
         host=host,
         port=port,
         lifespan="off",
@@ -77,6 +80,13 @@ def uvicorn_server(
         log_config=None,
         timeout_graceful_shutdown=int(grace) + 1,
         server_header=False,
+        # The client address is the socket's peer on both listeners: uvicorn would
+        # take X-Forwarded-For/-Proto from any loopback caller (FORWARDED_ALLOW_IPS).
+        # Which proxies are believed is server.trusted_proxies (upstream.py).
+        proxy_headers=False,
+        # The proxy listener adds its own Date only where a response has none
+        # (gateway/app.py), so a forwarded or replayed answer carries exactly one.
+        date_header=settings is None,
         backlog=2048,
     )
     return _Server(config)
@@ -106,7 +116,7 @@ async def serve(
         ProxyApp(gateway, lifespan=False),
         config.server.listen,
         grace=grace + 5,
-        head_limit=lambda: gateway.config.server.max_header_bytes,
+        settings=lambda: gateway.config.server,
     )
     admin = uvicorn_server(create_admin_app(gateway), config.admin.listen)
     stopping = asyncio.Event()

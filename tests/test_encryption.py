@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 import yaml
@@ -27,6 +28,7 @@ from gateway.errors import ConfigError
 from gateway.keys import record_digest
 from gateway.records import KeyRef, State, StoredResponse
 from gateway.sealing import PLAIN, ResponseCodec, Unreadable, key_id, new_key, parse_key
+from gateway.store.base import codec_for
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import BUCKETS, RedisStore
 from tests.conftest import GatewayClient, config_for, unique, upstream_count
@@ -121,14 +123,40 @@ def test_reading_picks_the_key_by_its_id() -> None:
         PLAIN.decode(digest, old)
 
 
-def test_plain_records_still_read_and_damage_is_reported() -> None:
-    """Records stored before encryption was turned on stay readable; damaged bytes
-    are an Unreadable, not a crash."""
+def test_plain_records_are_refused_while_a_key_is_set_unless_read_unencrypted() -> None:
+    """With a key set, nothing the gateway writes is plain: a plain response was
+    written by someone else (or before encryption was on), and is refused unless the
+    migration setting reads it. Damaged bytes are an Unreadable, not a crash."""
     digest = record_digest(ROUTE, "", "k")
-    assert ResponseCodec(RAW1).decode(digest, RESPONSE.encode()) == RESPONSE
+    plain = RESPONSE.encode()
+    # JSON allows leading whitespace: refusal must not hang on the first byte being "[".
+    for data in (plain, b" " + plain, b"\t" + plain):
+        with pytest.raises(Unreadable, match=r"stored unencrypted while store\.encryption_key"):
+            ResponseCodec(RAW1).decode(digest, data)
+        with pytest.raises(Unreadable, match="read_unencrypted"):
+            ResponseCodec(RAW2, (RAW1,)).decode(digest, data)
+    assert ResponseCodec(RAW1, read_plain=True).decode(digest, plain) == RESPONSE
+    # Without a key to write (none, or only previous keys: encryption being turned
+    # off) responses are written plain, so plain ones are read.
+    assert PLAIN.decode(digest, plain) == RESPONSE
+    assert ResponseCodec(None, (RAW1,)).decode(digest, plain) == RESPONSE
     for damaged in (b"\x01short", b"not json\nbody", b"[1,2]\n", b""):
-        with pytest.raises(Unreadable, match="damaged"):
-            ResponseCodec(RAW1).decode(digest, damaged)
+        for codec in (ResponseCodec(RAW1), ResponseCodec(RAW1, read_plain=True), PLAIN):
+            with pytest.raises(Unreadable, match="damaged"):
+                codec.decode(digest, damaged)
+
+
+def test_codec_for_wires_read_unencrypted() -> None:
+    digest = record_digest(ROUTE, "", "k")
+    route = {"name": "r", "match": {"path": "/r"}, "upstream": "http://127.0.0.1:1"}
+
+    def codec(**store: Any) -> ResponseCodec:
+        return codec_for(parse_config({"store": store, "routes": [route]}, "t").store)
+
+    with pytest.raises(Unreadable, match="unencrypted"):
+        codec(encryption_key=K1).decode(digest, RESPONSE.encode())
+    assert codec(encryption_key=K1, read_unencrypted=True).decode(digest, RESPONSE.encode())
+    assert codec(previous_encryption_keys=[K1]).decode(digest, RESPONSE.encode())
 
 
 def test_key_formats() -> None:
@@ -225,19 +253,23 @@ def test_keys_come_from_the_environment_and_stay_out_of_cli_output(
 # -- what Redis holds --------------------------------------------------------------
 
 
-def route_config() -> dict[str, Any]:
+def route_config(**changes: Any) -> dict[str, Any]:
     return {
         "name": ROUTE,
         "match": {"methods": ["POST"], "path": "/jobs/mail"},
         "key": {"body": "job_key"},
         "wait_timeout": "2s",
+        **changes,
     }
 
 
 @asynccontextmanager
-async def running(upstream: Process, store: dict[str, Any]) -> AsyncIterator[GatewayClient]:
+async def running(
+    upstream: Process, store: dict[str, Any], **route: Any
+) -> AsyncIterator[GatewayClient]:
     """A gateway as `run` builds it from config: restart = leave and enter again."""
-    gateway = Gateway(config_for(upstream.url, [route_config()], store=store), sweep=False)
+    config = config_for(upstream.url, [route_config(**route)], store=store)
+    gateway = Gateway(config, sweep=False)
     await gateway.start()
     if isinstance(gateway.store, RedisStore):
         await subscribed(gateway.store)
@@ -430,16 +462,21 @@ async def test_ciphertext_moved_to_another_record_does_not_open(
 async def test_encryption_turned_on_over_plain_records(
     redis_server: RedisServer, upstream: Process, raw_redis: Any
 ) -> None:
-    """Responses stored before a key was set replay; after the key is removed,
-    sealed ones give the problem unless the key is still listed as previous."""
+    """Responses stored before a key was set replay only with read_unencrypted (the
+    migration setting); after the key is removed, sealed ones give the problem
+    unless the key is still listed as previous."""
     prefix = unique("on") + ":"
     before, sealed = unique(), unique()
     url = redis_server.url
     async with running(upstream, {"url": url, "prefix": prefix}) as plain:
         first = await send(plain, before)
     async with running(upstream, {"url": url, "prefix": prefix, "encryption_key": K1}) as keyed:
+        assert "stored unencrypted" in assert_problem(await send(keyed, before), before)["detail"]
+    migrating = {"url": url, "prefix": prefix, "encryption_key": K1, "read_unencrypted": True}
+    async with running(upstream, migrating) as keyed:
         assert (await send(keyed, before)).content == first.content
         written = await send(keyed, sealed)
+    assert raw_redis.hget(redis_name(prefix, sealed), "resp")[:5] == b"\x01" + ID1
     reading = {"url": url, "prefix": prefix, "previous_encryption_keys": [K1]}
     async with running(upstream, reading) as off:
         assert (await send(off, sealed)).content == written.content
@@ -448,6 +485,115 @@ async def test_encryption_turned_on_over_plain_records(
     assert raw_redis.hget(redis_name(prefix, newest), "resp").startswith(b"[200,")
     async with running(upstream, {"url": url, "prefix": prefix}) as none:
         assert "no key is configured" in assert_problem(await send(none, sealed), sealed)["detail"]
+    assert await upstream_count(upstream, before) == 1
+
+
+FORGED = StoredResponse(200, (("content-type", "application/json"),), b'{"forged": true}')
+
+
+@pytest.mark.redis
+async def test_plain_response_written_into_redis_is_not_replayed_with_a_key(
+    redis_server: RedisServer, upstream: Process, raw_redis: Any, ledger: Ledger
+) -> None:
+    """Someone who can write to Redis replaces a sealed response with a plain one:
+    with a key set it is unreadable (500, record kept, counted), never replayed."""
+    prefix = unique("forge") + ":"
+    key = unique()
+    store = {"url": redis_server.url, "prefix": prefix, "encryption_key": K1}
+    async with running(upstream, store) as gateway:
+        assert (await send(gateway, key)).status_code == 200
+        name = redis_name(prefix, key)
+        raw_redis.hset(name, "resp", FORGED.encode())
+        before = raw_redis.hgetall(name)
+        answers = [await send(gateway, key), await send(gateway, key)]
+        counted = gateway.gateway.metrics.registry.get_sample_value(
+            "idempotency_gateway_requests_total", {"route": ROUTE, "outcome": "unreadable"}
+        )
+    after = raw_redis.hgetall(name)
+    ledger.record(
+        "isolation",
+        "encryption_plain_response_forged",
+        requests=3,
+        faults=1,
+        upstream_duplicates=await upstream_count(upstream, key) - 1,
+        detail="a plain response written into a sealed record's field",
+    )
+    for answer in answers:
+        assert b"forged" not in answer.content
+        assert "idempotent-replayed" not in answer.headers
+        assert "stored unencrypted" in assert_problem(answer, key)["detail"]
+    assert after == before, "the record is kept as it was"
+    assert counted == 2
+    assert await upstream_count(upstream, key) == 1
+    # The migration setting reads plain responses: that is what it is for.
+    async with running(upstream, {**store, "read_unencrypted": True}) as migrating:
+        replayed = await send(migrating, key)
+    assert replayed.headers["idempotent-replayed"] == "true"
+    assert replayed.json() == {"forged": True}
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("read_unencrypted", [False, True])
+async def test_plain_completion_notice_does_not_wake_a_waiter_with_it(
+    redis_server: RedisServer, upstream: Process, raw_redis: Any, read_unencrypted: bool
+) -> None:
+    """A waiter in another replica is woken by a completion notice that carries the
+    response. A plain one published on the channel while the first request is still
+    running is not replayed with a key set: the waiter reads the record and waits on
+    for the real answer (with read_unencrypted, it is replayed, as plain records are)."""
+    prefix = unique("notice") + ":"
+    key = unique()
+    store = {"url": redis_server.url, "prefix": prefix, "encryption_key": K1}
+    waiting = {**store, "read_unencrypted": read_unencrypted}
+    name = redis_name(prefix, key)
+    params = {"hold": "1"}
+    async with (
+        running(upstream, store, wait_timeout="60s") as first,
+        running(upstream, waiting, wait_timeout="60s") as second,
+    ):
+        replica = second.gateway.store
+        assert isinstance(replica, RedisStore)
+        heard = asyncio.Event()
+        hear = replica._notice
+
+        def spy(data: bytes) -> None:
+            hear(data)
+            heard.set()
+
+        replica._notice = spy  # type: ignore[method-assign]
+        body = {"job_key": key, "to": PERSONAL}
+        running_one = asyncio.create_task(first.post("/jobs/mail", json=body, params=params))
+        async with asyncio.timeout(30):
+            while await upstream_count(upstream, key) < 1:
+                await asyncio.sleep(0.02)
+        waiter = asyncio.create_task(second.post("/jobs/mail", json=body, params=params))
+        async with asyncio.timeout(30):
+            while not raw_redis.hexists(name, "w"):  # the waiter is registered on it
+                await asyncio.sleep(0.02)
+        digest = record_digest(ROUTE, "", key)
+        channel = f"{prefix}{{{int(digest[:4], 16) % BUCKETS:02x}}}:c"
+        # Published only while the record is still in flight: the forged notice comes
+        # before the real one, whatever the timing.
+        forge = r"""
+            if redis.call('HGET', KEYS[1], 's') ~= 'in_flight' then return -1 end
+            return redis.call('SPUBLISH', ARGV[1], ARGV[2] .. '\n' ..
+                redis.call('HGET', KEYS[1], 'f') .. '\n' .. ARGV[3])
+        """
+        receivers = raw_redis.eval(forge, 1, name, channel, f"{digest}/{ROUTE}", FORGED.encode())
+        assert receivers >= 1
+        async with asyncio.timeout(30):
+            await heard.wait()
+        await asyncio.sleep(0.05)  # the woken waiter runs before any other notice lands
+        async with httpx.AsyncClient() as client:
+            await client.post(f"{upstream.url}/_release", json={"key": key})
+        real, answer = await running_one, await waiter
+    assert real.status_code == 200 and b"forged" not in real.content
+    assert answer.headers["idempotent-replayed"] == "true"
+    if read_unencrypted:
+        assert answer.json() == {"forged": True}
+    else:
+        assert answer.content == real.content, answer.text
+    assert await upstream_count(upstream, key) == 1
 
 
 # -- the memory store gets the same envelope -----------------------------------------
@@ -467,3 +613,23 @@ async def test_memory_store_seals_and_refuses_alike(upstream: Process) -> None:
         store._sealed[digest] = sealed[:-1] + bytes([sealed[-1] ^ 1])
         assert_problem(await send(gateway, key), key)
         assert digest in store._records and await upstream_count(upstream, key) == 1
+
+
+@pytest.mark.parametrize("read_unencrypted", [False, True])
+async def test_memory_store_refuses_plain_responses_with_a_key(
+    upstream: Process, read_unencrypted: bool
+) -> None:
+    store_config = {"url": "memory://", "encryption_key": K1, "read_unencrypted": read_unencrypted}
+    async with running(upstream, store_config) as gateway:
+        store = gateway.gateway.store
+        assert isinstance(store, MemoryStore)
+        key = unique()
+        await send(gateway, key)
+        digest = record_digest(ROUTE, "", key)
+        store._sealed[digest] = FORGED.encode()
+        answer = await send(gateway, key)
+        assert digest in store._records and await upstream_count(upstream, key) == 1
+    if read_unencrypted:
+        assert answer.json() == {"forged": True}
+    else:
+        assert "stored unencrypted" in assert_problem(answer, key)["detail"]

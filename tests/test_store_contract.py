@@ -156,6 +156,18 @@ async def test_changes_notify_local_watchers(store: Store, change: str) -> None:
         await asyncio.wait_for(event.wait(), 5)
 
 
+async def test_info_reports_the_eviction_policy_and_persistence(
+    store: Store, store_kind: str
+) -> None:
+    """The stores the tests start never evict; Redis ones run without AOF, the
+    memory store has nothing to persist."""
+    info = await store.info()
+    assert info.maxmemory_policy == "noeviction" and not info.evicts
+    assert info.aof == ("n/a" if store_kind == "memory" else "no")
+    assert info.refusal(allow_eviction=False) == "" and not info.error
+    assert await store.info() == info  # a second look changes nothing
+
+
 async def test_binary_bodies_and_headers_round_trip(store: Store) -> None:
     r = ref()
     body = bytes(range(256)) * 10 + b"\n\n{"

@@ -295,6 +295,42 @@ async def test_broken_answer_is_never_resent(
     assert runs == 1
 
 
+# -- bytes after an answer's end ----------------------------------------------------------
+
+
+async def test_stray_bytes_after_a_204_are_never_the_next_answer(
+    client: httpx.AsyncClient, raw: Process, redis_server: RedisServer, ledger: Ledger
+) -> None:
+    """The upstream answers 204 announcing Content-Length: 5, and answers the next
+    request on that connection with a forged 200 before the real one. The gateway
+    closes the 204's connection, so the next keyed request (on a new one) gets its
+    real answer, stored and replayed; the forged one reaches nobody."""
+    first, second = unique("stray"), unique("after-stray")
+    answer = await client.post(
+        "/jobs/stray", params={"fault": "stray_after_204"}, headers=key_header(first)
+    )
+    following = await client.post("/jobs/next", headers=key_header(second))
+    repeat = await client.post("/jobs/next", headers=key_header(second))
+    record = await read_record(redis_server, PREFIX, "jobs", second)
+    runs = (await upstream_stats(raw, second))["count"]
+    wrong = int(following.json() != {"key": second, "run": 1, "status": 200})
+    ledger.record(
+        AREA,
+        "bytes after a 204 (a forged response on the connection)",
+        requests=3,
+        faults=1,
+        upstream_duplicates=max(0, runs - 1),
+        detail=f"204 with Content-Length: 5, then a forged 200; wrong answers: {wrong}",
+    )
+    assert answer.status_code == 204 and answer.content == b""
+    assert following.status_code == 200 and not wrong, following.text
+    assert repeat.headers["idempotent-replayed"] == "true"
+    assert repeat.json() == following.json()
+    assert record is not None and record.state is State.COMPLETED
+    assert b"forged" not in (record.response.body if record.response else b"")
+    assert runs == 1
+
+
 # -- never sent: connection refused -------------------------------------------------------
 
 
@@ -383,16 +419,17 @@ async def test_endless_flood_and_oversized_bodies_stop_at_max_response_body(
     """A body that never ends, as fast as the gateway reads, and one that announces
     1.5 MiB: the gateway reads at most max_response_body (1 MiB) and hangs up, so its
     memory is bounded by the route, not by the upstream. The work ran: the key stays
-    open."""
+    open. The flood outgrew max_stored_body (1 KiB) first, so its caller was getting
+    it streamed: its response is cut off (no last chunk), never completed. The other
+    announced its length, so its caller gets 504 before a byte of it."""
     flood, oversized = unique("flood"), unique("oversized")
-    answers = [
+    with pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read"):
         await client.post(
             "/jobs/endless", params={"fault": "endless", "rate": "flood"}, headers=key_header(flood)
-        ),
-        await client.post(
-            "/jobs/big", params={"size": str(1536 * 1024)}, headers=key_header(oversized)
-        ),
-    ]
+        )
+    answer = await client.post(
+        "/jobs/big", params={"size": str(1536 * 1024)}, headers=key_header(oversized)
+    )
     await until_upstream(raw, flood, "peer_closed")
     sent = (await upstream_stats(raw, flood))["sent"]
     records = [await read_record(redis_server, PREFIX, "jobs", key) for key in (flood, oversized)]
@@ -406,15 +443,14 @@ async def test_endless_flood_and_oversized_bodies_stop_at_max_response_body(
         records_lost=sum(lost_unless_parked(r) for r in records),
         detail=f"max_response_body 1MiB; the flood had sent {sent:,} bytes at the hang-up",
     )
-    for answer in answers:
-        doc = problem(answer, 504, "outcome-unknown")
-        assert doc["upstream_status"] == 200
-        assert "larger than max_response_body (1048576 bytes)" in doc["detail"]
+    doc = problem(answer, 504, "outcome-unknown")
+    assert doc["upstream_status"] == 200
+    assert "larger than max_response_body (1048576 bytes)" in doc["detail"]
     # 1 MiB read, plus what the sockets' buffers held; the flood goes on to 64 MiB.
     assert sent < 16 * 1024 * 1024
     for record in records:
         assert record is not None and record.state is State.PARKED
-        assert "max_response_body" in record.reason
+        assert "larger than max_response_body (1048576 bytes)" in record.reason
     assert runs == [1, 1]
 
 

@@ -55,7 +55,8 @@ class ServerConfig(Section):
     write_timeout: Duration = 30.0
     #: an idle kept-alive caller connection is closed after this long (nginx: 75 s)
     keep_alive: Duration = 75.0
-    #: open caller connections per process; more wait in the listen backlog
+    #: open caller connections per process; one more closes the oldest idle kept-alive
+    #: connection, or, with none idle, is answered 503 with Retry-After and closed
     max_connections: Annotated[int, Whole(1, 1_000_000)] = 1024
     #: an idle upstream connection is retired after this long: below common upstream
     #: keep-alive timeouts (gunicorn 2 s, uvicorn and node 5 s), so the gateway lets go

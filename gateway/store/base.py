@@ -17,7 +17,7 @@ import asyncio
 import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredResponse
@@ -38,10 +38,71 @@ EXPIRED_POLICY: dict[str, ExpiredPolicy] = {
 
 
 def codec_for(config: StoreConfig) -> ResponseCodec:
-    """How the configured store writes responses: sealed when a key is set."""
+    """How the configured store writes responses: sealed when a key is set; and reads
+    them: plain ones only without a key, or with store.read_unencrypted."""
     if not config.encryption_key and not config.previous_encryption_keys:
         return PLAIN
-    return ResponseCodec(config.encryption_key or None, config.previous_encryption_keys)
+    return ResponseCodec(
+        config.encryption_key or None,
+        config.previous_encryption_keys,
+        read_plain=config.read_unencrypted,
+    )
+
+
+#: How much harm each maxmemory-policy can do to records, least first: noeviction
+#: refuses writes when memory is full; volatile-* evict keys with a ttl (completed
+#: and released records: their keys run again); allkeys-* evict any record.
+_EVICTION_HARM = {"noeviction": 0, "volatile": 1, "allkeys": 2}
+_AOF_HARM = {"yes": 0, "n/a": 0, "unknown": 1, "no": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class StoreInfo:
+    """How the store keeps records, as it reports it (Redis: INFO, which managed
+    services allow where CONFIG is disabled)."""
+
+    #: Redis maxmemory-policy: anything but "noeviction" may drop records, and a
+    #: dropped record is a key that runs again. "unknown" if INFO would not say.
+    maxmemory_policy: str
+    #: "yes": every write also goes to an append-only file; "no": a restart loses
+    #: what the last snapshot (if any) did not hold; "n/a": nothing to persist.
+    aof: str
+    #: where it was read, for messages: an address, or the cluster master it came from
+    source: str = ""
+    #: why INFO could not be read (an ACL without +info), if it could not
+    error: str = ""
+
+    @property
+    def evicts(self) -> bool:
+        return self.maxmemory_policy != "noeviction"
+
+    def worse(self, other: StoreInfo) -> StoreInfo:
+        """Of two servers' answers, the policy more likely to lose records and the
+        persistence more likely to lose them: what holds for all of them."""
+
+        def harm(info: StoreInfo) -> int:
+            return _EVICTION_HARM.get(info.maxmemory_policy.partition("-")[0], 3)
+
+        policy = self if harm(self) >= harm(other) else other
+        aof = max(self.aof, other.aof, key=lambda aof: _AOF_HARM.get(aof, 1))
+        return replace(policy, aof=aof)
+
+    def refusal(self, allow_eviction: bool) -> str:
+        """Why a gateway on this store is not ready, or "" if it is."""
+        if not self.evicts or allow_eviction:
+            return ""
+        where = f"Redis at {self.source}" if self.source else "Redis"
+        if self.error:
+            found = f"{where} did not say its maxmemory-policy ({self.error})"
+            fix = "allow the gateway's Redis user to run INFO (+info)"
+        else:
+            found = f"{where} has maxmemory-policy {self.maxmemory_policy}"
+            fix = "set maxmemory-policy noeviction"
+        return (
+            f"{found}: it may evict records, and a key whose record is evicted runs "
+            f"again. {fix[0].upper()}{fix[1:]}, or store.allow_eviction: true if a key "
+            "may run again when Redis evicts its record"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +154,16 @@ class Store(abc.ABC):
 
     async def ping(self) -> None:  # noqa: B027 - an in-process store always answers
         """Raise StoreError unless the store answers."""
+
+    @abc.abstractmethod
+    async def info(self) -> StoreInfo:
+        """How the store keeps records: its eviction policy and whether it writes an
+        append-only file, read from the store each call (a policy can be changed at
+        run time). Several servers (a cluster's masters) answer with the worst of
+        them (`StoreInfo.worse`). Raises StoreError if the store does not answer; a
+        store that answers but will not say (INFO refused) reports policy "unknown".
+        A store that can lose records this way logs what it found whenever that
+        differs from the last call's (so at start, and after a change), naming the fix."""
 
     async def check_reset(self) -> int:
         """How many parts of the store lost every record since the last call (a

@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.records import KeyRef, Record, State, StoredResponse
 from gateway.sealing import PLAIN, ResponseCodec
-from gateway.store.base import ExpiredPolicy, OperatorResult, Store
+from gateway.store.base import ExpiredPolicy, OperatorResult, Store, StoreInfo
 
 _INDEXED = (State.IN_FLIGHT, State.UNRESOLVED, State.PARKED, State.CLAIMED)
 _TOMBSTONE_TTL = 86400.0
@@ -148,6 +148,10 @@ class MemoryStore(Store):
             self._settle(record, State.RELEASED, now, _TOMBSTONE_TTL, event)
             return self._records[record.digest]
         return self._unknown(record, State(policy), now, "lease_expired")
+
+    async def info(self) -> StoreInfo:
+        # Nothing evicts a record here, and nothing survives a restart to persist.
+        return StoreInfo("noeviction", "n/a", source="memory")
 
     # -- the request path -------------------------------------------------------
 

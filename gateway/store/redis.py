@@ -26,6 +26,7 @@ import secrets
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial, reduce
 from importlib import resources
 from typing import Any
 
@@ -36,14 +37,14 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from gateway.config import StoreConfig, TLSConfig
 from gateway.errors import StoreError
 from gateway.records import KeyRef, Record, State, StoredResponse
-from gateway.store.base import ExpiredPolicy, OperatorResult, Store, codec_for
+from gateway.store.base import ExpiredPolicy, OperatorResult, Store, StoreInfo, codec_for
 from gateway.store.resp import Endpoint, RespConnection, RespConnectionError, RespError
 
 log = logging.getLogger("gateway.store")
@@ -189,6 +190,9 @@ def _locator(config: StoreConfig, client: Any) -> Callable[[], Awaitable[Endpoin
 class RedisStore(Store):
     def __init__(self, config: StoreConfig) -> None:
         super().__init__(codec_for(config))
+        self.allow_eviction = config.allow_eviction
+        self._info_seen: StoreInfo | None = None
+        self._source = _where(config)
         self.prefix = config.prefix
         self.cluster = config.kind == "cluster"
         self.client, self._connection_kwargs = _client(config)
@@ -276,6 +280,7 @@ class RedisStore(Store):
         # until it answers, /readyz says so, and no restart is needed after.
         try:
             await self.ping()
+            await self.info()  # logs an eviction policy that may drop records
         except StoreError as exc:
             log.warning("%s; requests on keyed routes fail until it answers", exc)
         self._listener = asyncio.create_task(self._listen(), name="store-notifications")
@@ -296,12 +301,57 @@ class RedisStore(Store):
         if self._pipe is not None:
             await self._pipe.close()
         await _bounded(self.client.aclose(), "client")
+        pool = getattr(self.client, "connection_pool", None)  # a cluster has one per node
+        sentinels = getattr(pool, "sentinel_manager", None)
+        if sentinels is not None:  # the master's client does not close the sentinels'
+            await _bounded(sentinels.aclose(), "sentinel clients")
 
     async def ping(self) -> None:
         try:
             await self.client.ping()
         except RedisError as exc:
             raise StoreError(f"redis unreachable: {exc}") from exc
+
+    async def info(self) -> StoreInfo:
+        try:
+            if self.cluster:
+                await self.client.initialize()
+                masters = [
+                    await _server_info(partial(self.client.info, target_nodes=node), node.name)
+                    for node in self.client.get_primaries()
+                ]
+                if not masters:
+                    raise StoreError("redis INFO failed: the cluster names no master")
+                found = reduce(StoreInfo.worse, masters)
+            else:
+                # Sentinel: the master, which the client connects to.
+                found = await _server_info(self.client.info, self._source)
+        except RedisError as exc:
+            raise StoreError(f"redis INFO failed: {exc}") from exc
+        if found != self._info_seen:
+            self._info_seen = found
+            self._report(found)
+        return found
+
+    def _report(self, info: StoreInfo) -> None:
+        refusal = info.refusal(self.allow_eviction)
+        if refusal:
+            log.error("%s. Until then /readyz answers 503.", refusal)
+        where = f" at {info.source}" if info.source else ""
+        if not refusal and info.evicts:
+            log.warning(
+                "Redis%s has maxmemory-policy %s: records may be evicted and their keys "
+                "run again; allowed by store.allow_eviction",
+                where,
+                info.maxmemory_policy,
+            )
+        if info.aof == "no":
+            log.warning(
+                "Redis%s has appendonly no: a restart loses the records written since its "
+                "last snapshot, and their keys run again. Run it with appendonly yes and "
+                "appendfsync always (docs/reliability.md)",
+                where,
+            )
 
     async def check_reset(self) -> int:
         token = f"{secrets.token_hex(8)} {time.time():.0f}".encode()
@@ -577,12 +627,41 @@ class RedisStore(Store):
         self.notifier.notify(digest, completed)
 
 
+async def _server_info(info: Callable[[str], Awaitable[Any]], source: str) -> StoreInfo:
+    """One server's eviction policy and AOF, from INFO (one section per call: Redis
+    before 7 takes one)."""
+    try:
+        memory = await info("memory")
+        persistence = await info("persistence")
+    except ResponseError as exc:  # e.g. NOPERM: the ACL does not allow INFO
+        return StoreInfo("unknown", "unknown", source=source, error=str(exc))
+    policy = memory.get("maxmemory_policy")
+    aof = persistence.get("aof_enabled")
+    return StoreInfo(
+        maxmemory_policy=_text(policy) if policy is not None else "unknown",
+        aof="unknown" if aof is None else "yes" if int(aof) else "no",
+        source=source,
+    )
+
+
 async def _bounded(closing: Awaitable[Any], what: str) -> None:
     try:
         async with asyncio.timeout(1):
             await closing
     except (TimeoutError, RedisError, OSError) as exc:
         log.warning("closing the redis %s did not finish cleanly: %r", what, exc)
+
+
+def _where(config: StoreConfig) -> str:
+    """The server, for messages: never the URL, which may hold a password."""
+    if config.kind == "sentinel":
+        return f"sentinel master {config.sentinel_master}"
+    if config.kind == "cluster":
+        return "cluster"
+    url = parse_url(config.url)
+    if url.get("path"):
+        return str(url["path"])
+    return f"{url.get('host', '')}:{url.get('port') or 6379}"
 
 
 def _text(value: bytes | str | None) -> str:

@@ -98,6 +98,7 @@ class Contender:
     store: str = "redis"  # gateway: "redis" | "memory"
     db: int = 0
     workers: int = 1
+    src: str = ""  # gateway: the checkout it runs from ("" = --gateway-src)
 
     @property
     def is_gateway(self) -> bool:
@@ -422,7 +423,10 @@ routes:
             if self.args.gateway_pythonpath:  # e.g. a --target dir with hiredis, to try it
                 env["PYTHONPATH"] = self.args.gateway_pythonpath
             proc = self.procs.start(
-                tag, h.pinned(self.args.server_cpu, argv), env=env, cwd=self.args.gateway_src
+                tag,
+                h.pinned(self.args.server_cpu, argv),
+                env=env,
+                cwd=c.src or self.args.gateway_src,
             )
         try:
             h.wait_ready(self.procs, proc, port, PATH, DEFAULT_BODY)
@@ -998,6 +1002,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--gateway-src", default=str(REPO), help="directory holding the gateway package"
     )
     parser.add_argument(
+        "--baseline-src",
+        default="",
+        help="another checkout (e.g. a git worktree of an older commit): every gateway "
+        "contender also runs from it, as KEY@base, alternating in the same runs",
+    )
+    parser.add_argument(
         "--gateway-pythonpath", default="", help="PYTHONPATH for the gateway (experiments)"
     )
     parser.add_argument("--max-minutes", type=float, default=30.0, help="hard time limit")
@@ -1054,6 +1064,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             notes.append(f"{c.key} skipped: aiohttp is not installed (pip install -e '.[bench]')")
         else:
             selected.append(c)
+    if args.baseline_src:
+        base = str(Path(args.baseline_src).resolve())
+        selected += [
+            replace(c, key=f"{c.key}@base", label=f"{c.label} (at {base})", src=base)
+            for c in list(selected)
+            if c.is_gateway
+        ]
 
     work_dir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     procs = h.Processes(work_dir)

@@ -159,9 +159,12 @@ class GatewayForwarder:
         # This directory holds gateway.py (the benchmark), which would shadow the package.
         sys.path.insert(0, os.environ.get("BENCH_GATEWAY_SRC", str(Path(__file__).parents[2])))
         sys.modules.pop("gateway", None)
+        from gateway.config import ServerConfig
         from gateway.upstream import Upstream
 
-        self.upstream = Upstream(connections=limit)
+        # As the gateway builds it (server.upstream_keep_alive; older sources had none)
+        keepalive = getattr(ServerConfig(), "upstream_keep_alive", 2.0)
+        self.upstream = Upstream(connections=limit, keepalive=keepalive)
         self.started = False
 
     async def forward(

@@ -1,5 +1,5 @@
 """Broken builds for upstream faults and clock skew (tests/test_upstream_faults.py,
-tests/test_clock.py)."""
+tests/test_upstream_hostile.py, tests/test_clock.py)."""
 
 from dataclasses import replace
 
@@ -9,6 +9,7 @@ from tests.mutants.soak import RECONCILE_DONE_RERUNS
 FAULTS = "tests/test_upstream_faults.py"
 CLIENT = "tests/test_upstream.py"
 CLOCK = "tests/test_clock.py"
+HOSTILE = "tests/test_upstream_hostile.py"
 
 TIMEOUT_NOT_SENT = Mutant(
     name="timeout-not-sent",
@@ -25,6 +26,76 @@ TIMEOUT_NOT_SENT = Mutant(
 )
 
 MUTANTS = [
+    Mutant(
+        name="answer-out-of-step-reused",
+        path="gateway/upstream.py",
+        old="return self.complete and self.keep_alive and not self.out_of_step and self.error",
+        new="return self.complete and self.keep_alive and self.error",
+        tests=(
+            f"{HOSTILE}::test_a_response_after_a_204_is_never_the_next_answer",
+            f"{HOSTILE}::test_answer_out_of_step_with_its_framing_is_not_reused",
+            f"{FAULTS}::test_stray_bytes_after_a_204_are_never_the_next_answer",
+        ),
+        breaks="a connection with bytes after an answer (a forged response after a 204) is "
+        "reused: the next request gets the forged answer, stored and replayed",
+    ),
+    Mutant(
+        name="closed-connection-written-to",
+        path="gateway/upstream.py",
+        old="            and not _readable(self.poller)\n",
+        new="",
+        tests=(
+            f"{HOSTILE}::test_connection_closed_after_its_answer_is_never_written_to",
+            f"{HOSTILE}::test_two_keyed_requests_on_a_pool_of_one_both_complete",
+        ),
+        breaks="a request is written to a connection whose FIN the loop has not read: it "
+        "fails as an unknown outcome although it was never read, and the key is parked",
+    ),
+    Mutant(
+        name="upstream-keep-alive-not-configured",
+        path="gateway/app.py",
+        old="Upstream(keepalive=config.server.upstream_keep_alive)",
+        new="Upstream(keepalive=2.0)",
+        tests=(
+            f"{HOSTILE}::test_connections_are_retired_before_the_upstream_keep_alive",
+            f"{HOSTILE}::test_upstream_keep_alive_setting_reaches_the_client",
+        ),
+        breaks="idle upstream connections live 2 s, as long as gunicorn's keep-alive: a "
+        "request written as the upstream closes is lost and its key parked",
+    ),
+    Mutant(
+        name="trailers-become-headers",
+        path="gateway/upstream.py",
+        old="        if not self.in_body:\n            self.headers.append((name, value))\n",
+        new="        self.headers.append((name, value))\n",
+        tests=(f"{HOSTILE}::test_trailers_and_connection_named_headers_never_reach_the_caller",),
+        breaks="a response trailer (location: evil) is stored and replayed as a header",
+    ),
+    Mutant(
+        name="connection-named-response-headers-kept",
+        path="gateway/upstream.py",
+        old="for name, value in fields if name not in HOP_BY_HOP and name not in named",
+        new="for name, value in fields if name not in HOP_BY_HOP",
+        tests=(f"{HOSTILE}::test_trailers_and_connection_named_headers_never_reach_the_caller",),
+        breaks="a header the upstream's Connection names (x-internal-token) reaches callers",
+    ),
+    Mutant(
+        name="response-head-unbounded",
+        path="gateway/upstream.py",
+        old="        if self.framing > MAX_RESPONSE_HEAD and",
+        new="        if False and",
+        tests=(f"{HOSTILE}::test_an_endless_field_line_is_cut_as_it_streams",),
+        breaks="a header line that never ends is buffered until the deadline",
+    ),
+    Mutant(
+        name="tls-cut-body-complete",
+        path="gateway/upstream.py",
+        old='return cast(bytes, ssl_object.read(1)) == b""',
+        new="return True",
+        tests=(f"{HOSTILE}::test_tls_body_until_close_needs_close_notify",),
+        breaks="a TLS body ended by a TCP close without close_notify is stored as whole "
+        "(asyncio's SSL transport reports it as a clean EOF)",
+    ),
     Mutant(
         name="client-resends-on-broken-connection",
         path="gateway/upstream.py",
@@ -86,7 +157,7 @@ MUTANTS = [
     Mutant(
         name="no-response-body-cap",
         path="gateway/upstream.py",
-        old="        if self.size > self.limit:\n",
+        old="        if size > self.limit:\n",
         new="        if False:\n",
         tests=(f"{FAULTS}::test_endless_flood_and_oversized_bodies_stop_at_max_response_body",),
         breaks="a never-ending body is read into memory until the deadline",
@@ -118,8 +189,8 @@ MUTANTS = [
     Mutant(
         name="5xx-cached",
         path="gateway/engine.py",
-        old="            if response.status not in route.cache_statuses:\n",
-        new="            if response.status >= 600:\n",
+        old="        if response.status not in route.cache_statuses:\n",
+        new="        if response.status >= 600:\n",
         tests=(f"{FAULTS}::test_5xx_storm_releases_and_retries_one_at_a_time",),
         breaks="a 500/503 is stored and replayed: the key is never retried",
     ),
@@ -155,10 +226,10 @@ MUTANTS = [
     Mutant(
         name="oversized-response-stored",
         path="gateway/engine.py",
-        old="if len(response.body) > route.max_stored_body:",
+        old="if response.rest is not None or len(response.body) > route.max_stored_body:",
         new="if False:",
         tests=(f"{FAULTS}::test_response_larger_than_max_stored_body",),
-        breaks="a response over max_stored_body is stored whole: Redis memory grows with "
-        "every large answer, past the limit the route set",
+        breaks="a response over max_stored_body is recorded as if it were whole: repeats "
+        "get an empty body without Idempotent-Body-Omitted",
     ),
 ]

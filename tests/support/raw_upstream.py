@@ -15,6 +15,10 @@ Each request to any path but the control ones below is one execution of the key 
     ?fault=endless           a chunked 200 whose body never ends: ?rate=trickle (a small
                              chunk every 50 ms), or ?rate=flood (as fast as the reader
                              takes it, up to FLOOD bytes, then a trickle)
+    ?fault=stray_after_204   a 204 that announces Content-Length: 5 and sends no body;
+                             the next request on the same connection is answered with
+                             a forged 200 ({"forged": true}) first, then its own answer:
+                             what reaches a client that reuses the connection
     ?status=503&fail=2       the key's first 2 executions answer 503, later ones 200
     ?size=N                  a 200 with an N-byte body
 
@@ -173,6 +177,7 @@ async def _control(path: str, query: dict[str, str]) -> bytes:
 
 
 async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    forge = False  # the connection's next request gets a forged answer first
     try:
         while True:
             request = await _read_request(reader)
@@ -181,6 +186,17 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
             _, target, headers, _ = request
             parts = urlsplit(target)
             query = dict(parse_qsl(parts.query))
+            if forge:
+                writer.write(_json(200, {"forged": True}))
+                forge = False
+            if query.get("fault") == "stray_after_204":
+                key = headers.get("idempotency-key", "")
+                counts[key] += 1
+                finished[key] += 1
+                writer.write(b"HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n")
+                await writer.drain()
+                forge = True
+                continue
             if parts.path == "/_count" or parts.path.startswith("/_status/"):
                 writer.write(await _control(parts.path, query))
                 await writer.drain()

@@ -87,6 +87,10 @@ async def job(request: Request) -> Response:
         "raw_path": request.scope.get("raw_path", b"").decode("latin-1"),
         "body": body.decode("utf-8", "replace"),
         "headers": {k: v for k, v in request.headers.items()},
+        # every line as received, repeated names included (the dict keeps the last)
+        "header_lines": [
+            [k.decode("latin-1"), v.decode("latin-1")] for k, v in request.headers.raw
+        ],
     }
     response = JSONResponse(payload, status_code=status)
     if "cookie" in q:

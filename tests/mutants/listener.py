@@ -1,0 +1,168 @@
+"""Broken builds for the proxy listener's guards (tests/test_listener.py)."""
+
+from tests.mutants import Mutant
+
+LISTENER = "tests/test_listener.py"
+FRAMING = "gateway/framing.py"
+
+
+def t(*names: str) -> tuple[str, ...]:
+    return tuple(f"{LISTENER}::{name}" for name in names)
+
+
+MUTANTS = [
+    Mutant(
+        name="trailers-become-headers",
+        path=FRAMING,
+        old="        if self._in_head:\n            super().on_header(name, value)",
+        new="        if True:\n            super().on_header(name, value)",
+        tests=t("test_trailers_never_reach_the_upstream_as_headers"),
+        breaks="a trailer sent with the head reaches the upstream as a header (X-User: admin)",
+    ),
+    Mutant(
+        name="trailers-unbounded",
+        path=FRAMING,
+        old="        if (self._in_head or self._trailing) and not self._stopped:",
+        new="        if self._in_head and not self._stopped:",
+        tests=t("test_trailer_section_is_bounded_like_a_head"),
+        breaks="a trailer field that never ends is buffered without bound",
+    ),
+    Mutant(
+        name="no-head-deadline",
+        path=FRAMING,
+        old="        timeout = self._server.header_timeout\n",
+        new="        return\n",
+        tests=t(
+            "test_connection_that_never_sends_gets_408",
+            "test_trickled_head_is_cut_at_the_head_deadline",
+        ),
+        breaks="a connection that never sends, or trickles its head, is held forever",
+    ),
+    Mutant(
+        name="head-deadline-restarts-per-read",
+        path=FRAMING,
+        old="        if self._in_head and self._head_since is None:",
+        new="        self._cancel_timer()\n        if self._in_head:",
+        tests=t("test_trickled_head_is_cut_at_the_head_deadline"),
+        breaks="a head trickled a byte at a time never meets its deadline",
+    ),
+    Mutant(
+        name="no-body-timeout",
+        path=FRAMING,
+        old="        timeout = self._server.body_timeout\n",
+        new="        return\n",
+        tests=t("test_half_sent_body_gets_408_and_is_not_forwarded"),
+        breaks="a half-sent body holds its connection forever",
+    ),
+    Mutant(
+        name="body-timeout-is-a-deadline",
+        path=FRAMING,
+        old="        if idle < timeout:",
+        new="        if False:",
+        tests=t("test_slow_body_that_keeps_coming_is_read"),
+        breaks="a body that keeps coming, slowly, is cut off",
+    ),
+    Mutant(
+        name="no-connection-cap",
+        path=FRAMING,
+        old="if len(self.connections) > self._server.max_connections and not self._make_room():",
+        new="if False:",
+        tests=t("test_connection_over_the_cap_gets_503_and_idle_ones_make_room"),
+        breaks="server.max_connections is not enforced",
+    ),
+    Mutant(
+        name="idle-connections-keep-their-place",
+        path=FRAMING,
+        old="        while self.idle:",
+        new="        while False:",
+        tests=t("test_connection_over_the_cap_gets_503_and_idle_ones_make_room"),
+        breaks="at the cap, idle kept-alive connections hold their place and callers get 503",
+    ),
+    Mutant(
+        name="refusal-out-of-order",
+        path=FRAMING,
+        old="        if ready:\n            self._finish()",
+        new="        self._finish()",
+        tests=t("test_refusal_pipelined_after_a_good_request_waits_for_its_answer"),
+        breaks="a malformed request pipelined after a good one is answered before it",
+    ),
+    Mutant(
+        name="refusal-after-its-own-answer",
+        path=FRAMING,
+        old="            self._answer = False\n            ready = cycle.response_complete",
+        new="            ready = cycle.response_complete",
+        tests=t("test_refusal_of_a_request_already_answered_is_not_sent"),
+        breaks="a request answered already gets a second answer, taken for the next one's",
+    ),
+    Mutant(
+        name="expect-forwarded",
+        path="gateway/upstream.py",
+        old='        "expect",',
+        new="",
+        tests=t("test_expect_100_continue_is_answered_by_the_gateway_not_forwarded"),
+        breaks="Expect: 100-continue reaches the upstream with the body already sent",
+    ),
+    Mutant(
+        name="uninvited-body-kept-open",
+        path=FRAMING,
+        old="            if cycle.more_body and cycle.keep_alive:",
+        new="            if False:",
+        tests=t(
+            "test_answer_before_the_body_gets_no_100_and_closes",
+            "test_answer_before_the_body_ends_a_body_that_keeps_coming",
+        ),
+        breaks="after an answer before the body, the connection reads a discarded body "
+        "forever, or the client's next bytes as that body",
+    ),
+    Mutant(
+        name="two-dates",
+        path="gateway/serve.py",
+        old="        date_header=settings is None,",
+        new="        date_header=True,",
+        tests=t("test_every_answer_has_exactly_one_date"),
+        breaks="forwarded and replayed responses carry two Date lines",
+    ),
+    Mutant(
+        name="no-gateway-date",
+        path="gateway/app.py",
+        old='    headers.append((b"date", http_date()))',
+        new="    pass",
+        tests=t("test_every_answer_has_exactly_one_date"),
+        breaks="the gateway's own answers, and upstream answers without one, have no Date",
+    ),
+    Mutant(
+        name="keep-alive-5s",
+        path="gateway/config/model.py",
+        old="    keep_alive: Duration = 75.0",
+        new="    keep_alive: Duration = 5.0",
+        tests=t("test_clients_coming_back_just_after_5s_are_all_answered"),
+        breaks="the listener closes idle connections as common clients reuse them",
+    ),
+    Mutant(
+        name="keep-alive-closes-on-unread-request",
+        path=FRAMING,
+        old="        if _unread_bytes(self.transport):\n            return",
+        new="",
+        tests=t("test_keep_alive_expiry_with_a_request_waiting_answers_it"),
+        breaks="a request that arrived as the keep-alive timer fired is reset unanswered",
+    ),
+    Mutant(
+        name="hard-close",
+        path=FRAMING,
+        old="        transport.write_eof()\n",
+        new="        transport.close()\n        return\n",
+        tests=t(
+            "test_keep_alive_expiry_half_closes_and_drains",
+            "test_connection_over_the_cap_gets_503_and_idle_ones_make_room",
+        ),
+        breaks="the gateway's last close resets what crosses it, and can destroy its answer",
+    ),
+    Mutant(
+        name="head-written-apart",
+        path=FRAMING,
+        old="cycle.transport = _HeadHolder(self, cycle)  # type: ignore[assignment]",
+        new="pass",
+        tests=t("test_whole_response_leaves_in_one_write"),
+        breaks="a whole response leaves in two writes (two syscalls) again",
+    ),
+]

@@ -1,0 +1,83 @@
+"""Issue 12, store side: plain records under encryption, framing headers on replay
+and from operators, eviction policies, and the keys CLI's options."""
+
+from tests.mutants import Mutant
+
+E = "tests/test_encryption.py::"
+H = "tests/test_stored_headers.py::"
+S = "tests/test_store_info.py::"
+C = "tests/test_keys_cli.py::"
+
+MUTANTS = [
+    Mutant(
+        name="encryption-plain-read-with-a-key",
+        path="gateway/sealing.py",
+        old="        elif self._refuse_plain:\n",
+        new="        elif False:\n",
+        tests=(
+            E + "test_plain_response_written_into_redis_is_not_replayed_with_a_key",
+            E + "test_plain_completion_notice_does_not_wake_a_waiter_with_it",
+            E + "test_memory_store_refuses_plain_responses_with_a_key",
+        ),
+        breaks="with a key set, a plain response written into Redis is replayed as the job's",
+    ),
+    Mutant(
+        name="encryption-read-unencrypted-always-on",
+        path="gateway/store/base.py",
+        old="        read_plain=config.read_unencrypted,\n",
+        new="        read_plain=True,\n",
+        tests=(
+            E + "test_codec_for_wires_read_unencrypted",
+            E + "test_plain_response_written_into_redis_is_not_replayed_with_a_key",
+        ),
+        breaks="store.read_unencrypted is ignored: plain responses are read with a key set",
+    ),
+    Mutant(
+        name="replay-keeps-stored-framing",
+        path="gateway/engine.py",
+        old="        headers = _replayable(stored.headers)\n",
+        new="        headers = list(stored.headers)\n",
+        tests=(H + "test_replay_drops_stored_framing_and_hop_by_hop_headers",),
+        breaks="a stored Content-Length or Transfer-Encoding frames the replay wrongly",
+    ),
+    Mutant(
+        name="operator-response-unchecked",
+        path="gateway/admin.py",
+        old="            _check_response(given, max_body, name)\n",
+        new="            pass\n",
+        tests=(H + "test_operator_response_is_validated",),
+        breaks="an operator's Content-Length or CR/LF header is stored and replayed",
+    ),
+    Mutant(
+        name="eviction-policy-ignored",
+        path="gateway/store/base.py",
+        old="        if not self.evicts or allow_eviction:\n",
+        new="        if True:\n",
+        tests=(S + "test_an_evicting_policy_fails_readiness_and_says_how_to_fix_it",),
+        breaks="a Redis that may evict records reports ready, and evicted keys run again",
+    ),
+    Mutant(
+        name="cluster-info-first-master-only",
+        path="gateway/store/redis.py",
+        old="found = reduce(StoreInfo.worse, masters)",
+        new="found = masters[0]",
+        tests=(S + "test_a_cluster_reports_its_worst_master",),
+        breaks="one cluster master with an evicting policy goes unnoticed",
+    ),
+    Mutant(
+        name="keys-cli-options-before-the-action-only",
+        path="gateway/operators.py",
+        old="    _shared_options(shared, defaults=False)\n",
+        new="",
+        tests=(C + "test_every_action_takes_the_options_in_either_place",),
+        breaks="`keys list --json` is a usage error",
+    ),
+    Mutant(
+        name="keys-cli-action-default-overwrites",
+        path="gateway/operators.py",
+        old="        default=url if defaults else argparse.SUPPRESS,\n",
+        new="        default=url,\n",
+        tests=(C + "test_a_value_before_the_action_is_not_overwritten_by_the_actions_default",),
+        breaks="`keys --admin-url URL list` goes to the default URL instead",
+    ),
+]

@@ -1,0 +1,163 @@
+"""`idempotency-gateway keys ...` against a real admin listener: the options of
+`keys` (--json, --admin-url) work before the action and after it, as people type
+them, for every action."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from gateway import cli
+from tests.conftest import unique
+from tests.support.servers import ROOT, Process, free_port, gateway_process, wait_for_port
+
+pytestmark = pytest.mark.process
+
+TOKEN = "cli-admin-token"
+ROUTE = "charge"
+
+
+class Admin:
+    def __init__(self, url: str, proxy: str) -> None:
+        self.url = url
+        self.proxy = proxy
+
+    def parked_key(self) -> str:
+        key = unique("charge")
+        with httpx.Client(base_url=self.proxy, timeout=10) as client:
+            answer = client.post("/jobs/charge", json={"job_key": key}, params={"sleep": "0.4"})
+        assert answer.status_code == 504, answer.text
+        return key
+
+
+@pytest.fixture(scope="module")
+def admin(tmp_path_factory: pytest.TempPathFactory, upstream: Process) -> Iterator[Admin]:
+    port, admin_port = free_port(), free_port()
+    config = {
+        "server": {"listen": f"127.0.0.1:{port}", "shutdown_grace": "2s"},
+        "admin": {"listen": f"127.0.0.1:{admin_port}", "token": TOKEN},
+        "store": {"url": "memory://"},
+        "routes": [
+            {
+                "name": ROUTE,
+                "match": {"methods": ["POST"], "path": "/jobs/charge"},
+                "upstream": upstream.url,
+                "key": {"body": "job_key"},
+                "fingerprint": ["method", "path", "body"],
+                "upstream_timeout": "200ms",
+            }
+        ],
+    }
+    path = tmp_path_factory.mktemp("cli") / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    gateway = gateway_process(path, port).start()
+    try:
+        wait_for_port(admin_port)
+        yield Admin(f"http://127.0.0.1:{admin_port}", f"http://127.0.0.1:{port}")
+    finally:
+        gateway.stop()
+
+
+@pytest.fixture
+def dead_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token, and a default admin URL where nothing listens: only an --admin-url
+    that took effect reaches the gateway."""
+    monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", TOKEN)
+    monkeypatch.setenv("GATEWAY_ADMIN_URL", f"http://127.0.0.1:{free_port()}")
+
+
+#: Where each of --json and --admin-url goes: before the action, or after it.
+PLACES = list(itertools.product(("before", "after"), repeat=2))
+
+
+def keys(admin_url: str, json_at: str, url_at: str, action: list[str]) -> list[str]:
+    before: list[str] = []
+    after: list[str] = []
+    (before if json_at == "before" else after).append("--json")
+    (before if url_at == "before" else after).extend(["--admin-url", admin_url])
+    return ["keys", *before, *action, *after]
+
+
+def run_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> Any:
+    code = cli.main(argv)
+    out = capsys.readouterr()
+    assert code == 0, (argv, out.err)
+    return json.loads(out.out)
+
+
+@pytest.mark.usefixtures("dead_default")
+def test_every_action_takes_the_options_in_either_place(
+    admin: Admin, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shown, resolving = admin.parked_key(), [admin.parked_key() for _ in PLACES]
+    seen: list[str] = []
+    for (json_at, url_at), key in zip(PLACES, resolving, strict=True):
+        where = f"--json {json_at}, --admin-url {url_at}"
+        listing = run_json(keys(admin.url, json_at, url_at, ["list", "--state", "parked"]), capsys)
+        assert shown in [k["key"] for k in listing["keys"]], where
+        record = run_json(keys(admin.url, json_at, url_at, ["show", ROUTE, shown]), capsys)
+        assert record["key"] == shown and record["state"] == "parked", where
+        claim = ["claim", ROUTE, key, "--operator", "alice"]
+        assert run_json(keys(admin.url, json_at, url_at, claim), capsys)["holder"] == "alice"
+        resolve = ["resolve", ROUTE, key, "done", "--operator", "alice", "--note", where]
+        resolved = run_json(keys(admin.url, json_at, url_at, resolve), capsys)
+        assert resolved["state"] == "completed", where
+        assert resolved["history"][-1]["note"] == where
+        seen.append(where)
+    assert len(seen) == 4
+
+
+@pytest.mark.usefixtures("dead_default")
+def test_a_value_before_the_action_is_not_overwritten_by_the_actions_default(
+    admin: Admin, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Given before the action only, --admin-url and --json hold; given in both
+    places, the later one wins, as with any repeated option."""
+    assert "keys" in run_json(["keys", "--admin-url", admin.url, "--json", "list"], capsys)
+    dead = os.environ["GATEWAY_ADMIN_URL"]
+    argv = ["keys", "--admin-url", dead, "--json", "list", "--admin-url", admin.url]
+    assert "keys" in run_json(argv, capsys)
+    code = cli.main(["keys", "--admin-url", admin.url, "list", "--admin-url", dead])
+    assert code == 1 and "cannot reach the admin listener" in capsys.readouterr().err
+    # Without --json anywhere, the table.
+    assert cli.main(["keys", "--admin-url", admin.url, "list"]) == 0
+    assert capsys.readouterr().out.startswith("ROUTE")
+
+
+def test_typed_as_people_type_it(admin: Admin) -> None:
+    """The installed command's way: a process, the options after the action."""
+    key = admin.parked_key()
+    env = {**os.environ, "GATEWAY_ADMIN_TOKEN": TOKEN}
+    env.pop("GATEWAY_ADMIN_URL", None)
+    typed = ["keys", "show", ROUTE, key, "--json", "--admin-url", admin.url]
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", *typed],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["key"] == key
+
+
+@pytest.mark.usefixtures("dead_default")
+def test_an_unreachable_admin_listener_is_an_error_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["keys", "list", "--json"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot reach the admin listener at http://127.0.0.1:")
+    assert "Traceback" not in err
+    assert cli.main(["keys", "list", "--admin-url", "not-a-url"]) == 1
+    assert "is not an http(s) URL" in capsys.readouterr().err

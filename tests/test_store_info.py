@@ -1,0 +1,215 @@
+"""An eviction policy that can drop records is noticed: at start (a log line naming
+the fix), in /readyz (503 with the reason, unless store.allow_eviction), and in the
+`idempotency_gateway_store_info{maxmemory_policy, aof}` gauge the alerts read.
+
+Every Redis here is a redis-server the test started (tests/support/servers.py)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.admin import create_admin_app
+from gateway.app import Gateway
+from gateway.config import StoreConfig
+from gateway.store.base import StoreInfo
+from gateway.store.redis import RedisStore
+from tests.conftest import config_for, unique
+from tests.support.servers import Process, RedisServer
+from tests.support.topologies import ClusterSetup, SentinelSetup, redis_cli
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+
+FIX = "Set maxmemory-policy noeviction, or store.allow_eviction: true if"
+
+
+@pytest.fixture(scope="module")
+def evicting() -> Iterator[RedisServer]:
+    server = RedisServer("--maxmemory-policy", "allkeys-lru").start()
+    yield server
+    server.stop()
+
+
+@asynccontextmanager
+async def admin_of(upstream: Process, store: dict[str, Any]) -> AsyncIterator[httpx.AsyncClient]:
+    route = {"name": "r", "match": {"path": "/r"}, "key": {"header": "Idempotency-Key"}}
+    gateway = Gateway(config_for(upstream.url, [route], store=store), sweep=False)
+    await gateway.start()
+    client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_admin_app(gateway)), base_url="http://admin"
+    )
+    try:
+        yield client
+    finally:
+        await client.aclose()
+        await gateway.close()
+
+
+def store_info_samples(scrape: str) -> list[str]:
+    return [
+        line for line in scrape.splitlines() if line.startswith("idempotency_gateway_store_info{")
+    ]
+
+
+async def test_an_evicting_policy_fails_readiness_and_says_how_to_fix_it(
+    evicting: RedisServer, upstream: Process, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    store = {"url": evicting.url, "prefix": unique("evict") + ":"}
+    async with admin_of(upstream, store) as admin:
+        logged = [r for r in caplog.records if "maxmemory-policy allkeys-lru" in r.getMessage()]
+        ready = await admin.get("/readyz")
+        again = await admin.get("/readyz")
+        scrape = (await admin.get("/metrics")).text
+    assert len(logged) == 1, "logged once, at start, not at every look"
+    assert logged[0].levelno == logging.ERROR and FIX in logged[0].getMessage()
+    assert f"127.0.0.1:{evicting.port}" in logged[0].getMessage()
+    assert ready.status_code == 503 and again.status_code == 503
+    doc = ready.json()
+    assert doc["ready"] is False and doc["checks"]["store"] == "ok"
+    assert "maxmemory-policy allkeys-lru" in doc["checks"]["store_eviction"]
+    assert FIX in doc["checks"]["store_eviction"]
+    assert doc["store"] == {"maxmemory_policy": "allkeys-lru", "aof": "no"}
+    assert store_info_samples(scrape) == [
+        'idempotency_gateway_store_info{aof="no",maxmemory_policy="allkeys-lru"} 1.0'
+    ]
+
+
+async def test_allow_eviction_is_ready_and_still_reports_it(
+    evicting: RedisServer, upstream: Process, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    store = {"url": evicting.url, "prefix": unique("allow") + ":", "allow_eviction": True}
+    async with admin_of(upstream, store) as admin:
+        ready = await admin.get("/readyz")
+        scrape = (await admin.get("/metrics")).text
+    assert ready.status_code == 200, ready.text
+    doc = ready.json()
+    assert doc["ready"] is True
+    assert doc["checks"]["store_eviction"] == "allowed by store.allow_eviction"
+    assert doc["store"]["maxmemory_policy"] == "allkeys-lru"
+    assert 'maxmemory_policy="allkeys-lru"} 1.0' in scrape
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "allowed by store.allow_eviction" in caplog.text
+
+
+async def test_a_policy_changed_at_run_time_is_seen(
+    upstream: Process, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CONFIG SET on a running Redis: the next /readyz sees it, the gauge moves to the
+    new label set (the old one is dropped), and the change is logged once."""
+    caplog.set_level(logging.INFO)
+    server = RedisServer().start()
+    try:
+        async with admin_of(upstream, {"url": server.url}) as admin:
+            assert (await admin.get("/readyz")).status_code == 200
+            redis_cli(server.port, "config", "set", "maxmemory-policy", "volatile-lru")
+            redis_cli(server.port, "config", "set", "appendonly", "yes")
+            evicting = await admin.get("/readyz")
+            await admin.get("/readyz")
+            scrape = (await admin.get("/metrics")).text
+            redis_cli(server.port, "config", "set", "maxmemory-policy", "noeviction")
+            back = await admin.get("/readyz")
+    finally:
+        server.stop()
+    assert evicting.status_code == 503
+    assert "volatile-lru" in evicting.json()["checks"]["store_eviction"]
+    assert evicting.json()["store"] == {"maxmemory_policy": "volatile-lru", "aof": "yes"}
+    assert store_info_samples(scrape) == [
+        'idempotency_gateway_store_info{aof="yes",maxmemory_policy="volatile-lru"} 1.0'
+    ]
+    assert back.status_code == 200 and back.json()["checks"]["store_eviction"] == "ok"
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "volatile-lru" in errors[0] and FIX in errors[0]
+
+
+async def test_the_memory_store_never_evicts(upstream: Process) -> None:
+    async with admin_of(upstream, {"url": "memory://"}) as admin:
+        ready = await admin.get("/readyz")
+        scrape = (await admin.get("/metrics")).text
+    assert ready.status_code == 200
+    assert ready.json()["store"] == {"maxmemory_policy": "noeviction", "aof": "n/a"}
+    assert store_info_samples(scrape) == [
+        'idempotency_gateway_store_info{aof="n/a",maxmemory_policy="noeviction"} 1.0'
+    ]
+
+
+async def test_info_refused_by_an_acl_is_not_taken_for_noeviction(
+    redis_server: RedisServer,
+) -> None:
+    user = unique("noinfo")
+    redis_cli(redis_server.port, "acl", "setuser", user, "on", ">pw", "~*", "&*", "+@all", "-info")
+    try:
+        store = RedisStore(StoreConfig(url=redis_server.url, username=user, password="pw"))
+        try:
+            await store.ping()
+            info = await store.info()
+        finally:
+            await store.close()
+    finally:
+        redis_cli(redis_server.port, "acl", "deluser", user)
+    assert info.maxmemory_policy == "unknown" and info.evicts
+    assert "NOPERM" in info.error or "permission" in info.error
+    refusal = info.refusal(allow_eviction=False)
+    assert "+info" in refusal and "store.allow_eviction: true" in refusal
+    assert info.refusal(allow_eviction=True) == ""
+
+
+def test_the_worst_server_wins() -> None:
+    ok = StoreInfo("noeviction", "yes", "a")
+    volatile = StoreInfo("volatile-ttl", "yes", "b")
+    allkeys = StoreInfo("allkeys-random", "no", "c")
+    unknown = StoreInfo("unknown", "unknown", "d", error="NOPERM")
+    assert ok.worse(volatile) == volatile and volatile.worse(ok) == volatile
+    assert volatile.worse(allkeys) == allkeys and allkeys.worse(volatile) == allkeys
+    assert allkeys.worse(unknown).maxmemory_policy == "unknown"
+    assert allkeys.worse(unknown).aof == "no"  # "no" is worse than not knowing
+    assert ok.worse(StoreInfo("noeviction", "no", "e")) == StoreInfo("noeviction", "no", "a")
+
+
+@pytest.mark.cluster
+async def test_a_cluster_reports_its_worst_master(redis_cluster: ClusterSetup) -> None:
+    nodes = tuple(("127.0.0.1", node.port) for node in redis_cluster.nodes)
+    store = RedisStore(StoreConfig(cluster_nodes=nodes, socket_timeout=2.0))
+    found: list[StoreInfo] = []
+    try:
+        assert (await store.info()).maxmemory_policy == "noeviction"
+        for odd in redis_cluster.nodes:  # whichever master it is, it is seen
+            redis_cli(odd.port, "config", "set", "maxmemory-policy", "volatile-lfu")
+            try:
+                found.append(await store.info())
+            finally:
+                redis_cli(odd.port, "config", "set", "maxmemory-policy", "noeviction")
+    finally:
+        await store.close()
+    assert [info.maxmemory_policy for info in found] == ["volatile-lfu"] * len(nodes)
+    assert [info.source for info in found] == [f"127.0.0.1:{port}" for _, port in nodes]
+    assert {info.aof for info in found} == {"no"}
+
+
+@pytest.mark.sentinel
+@pytest.mark.slow
+async def test_sentinel_reports_the_master() -> None:
+    setup = SentinelSetup().start()
+    try:
+        redis_cli(setup.master.port, "config", "set", "maxmemory-policy", "allkeys-lfu")
+        redis_cli(setup.replica.port, "config", "set", "maxmemory-policy", "noeviction")
+        store = RedisStore(
+            StoreConfig(
+                sentinel_master=setup.master_name,
+                sentinel_nodes=tuple(("127.0.0.1", s.port) for s in setup.sentinels),
+            )
+        )
+        try:
+            info = await store.info()
+        finally:
+            await store.close()
+    finally:
+        setup.stop()
+    assert info.maxmemory_policy == "allkeys-lfu"
+    assert "sentinel master mymaster" in info.refusal(allow_eviction=False)
