@@ -234,6 +234,14 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 f"The request target is over {self._limit} bytes, the gateway's limit."
             )
             raise self._refusal
+        if b"#" in url:
+            # RFC 9112 3.2: a request target has no fragment. Dropping it (what the URL
+            # parser would do) forwards a request the caller did not write.
+            self._refusal = MalformedRequest(
+                "The request target has a fragment (#...), which HTTP requests do not "
+                "carry; it was not forwarded."
+            )
+            raise self._refusal
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:

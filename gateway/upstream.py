@@ -192,8 +192,18 @@ _TRUST_MEMORY = 4096
 
 
 def valid_host(value: str) -> bool:
-    """Whether `value` is a valid Host field value (empty is: RFC 9112 3.2)."""
-    return _HOST.fullmatch(value) is not None
+    """Whether `value` is a valid Host field value (empty is: RFC 9112 3.2). Asked on
+    every request, of a handful of distinct values: each is matched once."""
+    known = _VALID_HOSTS.get(value)
+    if known is None:
+        known = _HOST.fullmatch(value) is not None
+        if len(_VALID_HOSTS) >= _TRUST_MEMORY:
+            _VALID_HOSTS.clear()
+        _VALID_HOSTS[value] = known
+    return known
+
+
+_VALID_HOSTS: dict[str, bool] = {}
 
 
 class TrustedProxies:
@@ -293,24 +303,54 @@ def forwarded_headers(
                 out.append((name, value))
         else:
             out.append((name, value))
-    if trusted:
-        assert client is not None
-        chain.append(client)
-        proto = _last(proto)
-        if _SCHEME.fullmatch(proto) is None:
-            proto = scheme
-        forwarded_host = _last(forwarded_host)
-        if not forwarded_host or not valid_host(forwarded_host):
-            forwarded_host = host
-        real_ip = real_ip or proxies.client_of(", ".join(chain))
-    else:
-        if client:
-            chain.append(client)
-        proto, forwarded_host, real_ip = scheme, host, client or ""
+    if not trusted:
+        # What the gateway saw replaces every claim: the same few lines for each
+        # (peer, scheme, Host), built once.
+        key = (client, scheme, host)
+        tail = _UNTRUSTED_TAILS.get(key)
+        if tail is None:
+            tail = _untrusted_tail(client, scheme, host)
+            if len(_UNTRUSTED_TAILS) >= _TRUST_MEMORY:
+                _UNTRUSTED_TAILS.clear()
+            _UNTRUSTED_TAILS[key] = tail
+        out += tail
+        return out
+    assert client is not None
+    chain.append(client)
+    proto = _last(proto)
+    if _SCHEME.fullmatch(proto) is None:
+        proto = scheme
+    forwarded_host = _last(forwarded_host)
+    if not forwarded_host or not valid_host(forwarded_host):
+        forwarded_host = host
+    real_ip = real_ip or proxies.client_of(", ".join(chain))
+    return out + _tail(chain, proto, forwarded_host, forwarded, real_ip, client, scheme, host)
+
+
+_UNTRUSTED_TAILS: dict[tuple[str | None, str, str], list[tuple[str, str]]] = {}
+
+
+def _untrusted_tail(client: str | None, scheme: str, host: str) -> list[tuple[str, str]]:
+    chain = [client] if client else []
+    return _tail(chain, scheme, host, [], client or "", client, scheme, host)
+
+
+def _tail(
+    chain: list[str],
+    proto: str,
+    forwarded_host: str,
+    forwarded: list[str],
+    real_ip: str,
+    client: str | None,
+    scheme: str,
+    host: str,
+) -> list[tuple[str, str]]:
+    """The lines that say who the caller is, the gateway's own Forwarded element last."""
+    out: list[tuple[str, str]] = []
     element = f"for={_node(client)};proto={_forwarded_value(scheme)}"
     if host:
         element += f";host={_forwarded_value(host)}"
-    forwarded.append(element)
+    forwarded = [*forwarded, element]
     if chain:
         out.append(("x-forwarded-for", ", ".join(chain)))
     out.append(("x-forwarded-proto", proto.lower()))

@@ -570,6 +570,18 @@ def test_upgrade_request_is_refused_and_nothing_is_forwarded(quick: Gateway) -> 
     assert quick.count(key) == 0
 
 
+def test_a_fragment_in_the_target_is_refused(quick: Gateway) -> None:
+    """RFC 9112 3.2: no fragment in a request target; dropping it would forward a
+    request the caller did not write (found by the h11 oracle)."""
+    key = unique("fragment")
+    with connect(quick.port) as sock:
+        sock.sendall(_keyed(key, "/jobs/x#frag"))
+        stream = read_answers(sock, until_close=True)
+    assert [a.status for a in stream.answers] == [400], stream
+    assert stream.answers[0].problem() == "malformed-request"
+    assert quick.count(key) == 0
+
+
 def test_refusal_of_a_head_request_has_no_body(quick: Gateway) -> None:
     """RFC 9110 9.3.2: an answer to HEAD has no body, a refusal's neither; bytes after
     it would be read as the next response (found by the h11 oracle)."""
