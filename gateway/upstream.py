@@ -383,26 +383,31 @@ def _forwarded_value(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+#: Connection values that name no header: the usual ones, skipped without a split.
+_PLAIN_CONNECTION = frozenset({"keep-alive", "close", "upgrade"})
+
+
 def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[str, str], ...]:
     """The upstream's header fields as the caller (and the store) should see them:
     hop-by-hop ones removed, and any the response's Connection header names (they were
     meant for this hop only: an upstream's `Connection: x-internal-token` says that
     header is not for the caller)."""
     # llhttp strips a value's leading whitespace, not its trailing (RFC 9110 5.5: neither
-    # is part of the value).
-    fields = [
-        (name.decode("latin-1").lower(), value.decode("latin-1").rstrip(" \t"))
-        for name, value in raw
-    ]
-    named = {
-        token.strip().lower()
-        for name, value in fields
-        if name == "connection"
-        for token in value.split(",")
-    }
-    return tuple(
-        (name, value) for name, value in fields if name not in HOP_BY_HOP and name not in named
-    )
+    # is part of the value). One pass; a second only when a Connection header names more.
+    out: list[tuple[str, str]] = []
+    named: set[str] | None = None
+    for raw_name, raw_value in raw:
+        name = raw_name.decode("latin-1").lower()
+        if name not in HOP_BY_HOP:
+            out.append((name, raw_value.decode("latin-1").rstrip(" \t")))
+        elif name == "connection":
+            value = raw_value.decode("latin-1").lower()
+            if value not in _PLAIN_CONNECTION:
+                named = named or set()
+                named.update(token.strip() for token in value.split(","))
+    if named:
+        return tuple((name, value) for name, value in out if name not in named)
+    return tuple(out)
 
 
 def _framing(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, bool, list[bytes]]:
@@ -567,7 +572,7 @@ class _Exchange:
             return
         self.status = status
         self.in_body = True
-        if coded and coded != [b"chunked"] and status not in (204, 304):
+        if coded and coded != [b"chunked"]:
             # gzip under chunked would be stored decoded once and labelled as nothing
             # (its Transfer-Encoding is hop-by-hop); chunked twice is read once by
             # llhttp: either way the body is not what the upstream meant.
