@@ -51,8 +51,9 @@ _RESPONSE_FIELDS = ("status", "headers", "body")
 _MAX_HEADERS = 100
 #: A request body of the operator API, but resolve's: a name, a note, a flag.
 _MAX_ADMIN_BODY = 64 * 1024
-#: For a record whose route a reload removed.
-_ROUTE_DEFAULTS = RouteConfig(name="", path="", upstream="")
+#: For a record whose route a reload removed: a route's defaults (validated like any
+#: route, so its settings must be ones a config could hold).
+_ROUTE_DEFAULTS = RouteConfig(name="removed", path="/", upstream="http://127.0.0.1")
 
 
 def problem(status: int, slug: str, title: str, detail: str = "", **extra: Any) -> Response:

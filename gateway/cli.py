@@ -78,6 +78,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_schema(args: argparse.Namespace) -> int:
+    from gateway.config.schema import schema_text
+
+    sys.stdout.write(schema_text())
+    return 0
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     from gateway.keys import RequestParts, extract_key, fingerprint, record_digest, scope_value
     from gateway.routes import Router
@@ -179,6 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config and print its routes")
     check.add_argument("file")
     check.set_defaults(func=cmd_check_config)
+
+    schema = sub.add_parser(
+        "config-schema",
+        help="print the JSON Schema of the config file (for editors; docs/config.schema.json)",
+    )
+    schema.set_defaults(func=cmd_config_schema)
 
     explain = sub.add_parser("explain", help="dry run: which route, key and fingerprint")
     explain.add_argument("--config", help="config file (default: $GATEWAY_CONFIG)")

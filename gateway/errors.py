@@ -48,19 +48,29 @@ class GatewayError(Exception):
 class ConfigIssue:
     path: str  # YAML path, e.g. routes[2].key.body ("" for the whole file)
     message: str  # what is wrong and how to fix it
+    #: where in the file, from 1 (0: not known, e.g. data that did not come from a file)
+    line: int = 0
+    column: int = 0
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}" if self.path else self.message
 
 
 class ConfigError(GatewayError):
+    """`config.yaml:14:7: routes[2].key.body: what is wrong; what to write`, one a line."""
+
     def __init__(self, source: str, issues: list[ConfigIssue]) -> None:
         self.source = source
         self.issues = issues
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        return "\n".join(f"{self.source}: {issue}" for issue in self.issues)
+        return "\n".join(
+            f"{self.source}:{issue.line}:{issue.column}: {issue}"
+            if issue.line
+            else f"{self.source}: {issue}"
+            for issue in self.issues
+        )
 
 
 class StoreError(GatewayError):

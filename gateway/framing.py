@@ -62,8 +62,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from gateway._parse import format_duration
 from gateway.config import ServerConfig
+from gateway.config.units import format_duration
 from gateway.errors import (
     HeadersTooLarge,
     MalformedRequest,

@@ -5,8 +5,10 @@
 fixed-size id the store uses, so user-chosen keys never reach a store key and
 keys full of `:`, `*` or `../` cannot reach another record.
 
-Everything here runs on every request: templates and JMESPath expressions are
-compiled once, the JSON body is parsed at most once per request.
+Everything here runs on every request. Templates and JMESPath expressions were
+compiled when the config loaded (gateway.config.templates owns the template
+grammar): this module only renders them. The JSON body is parsed at most once
+per request.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
-from functools import lru_cache
 from typing import Any
 from urllib.parse import parse_qs
 from zoneinfo import ZoneInfo
@@ -26,6 +27,7 @@ from zoneinfo import ZoneInfo
 import jmespath
 
 from gateway.config import KeySource, KeySpec, Period
+from gateway.config.templates import ESCAPE, Template
 from gateway.errors import BadRequest
 
 MAX_JSON_DEPTH = 64
@@ -37,9 +39,6 @@ _SF_STRING = re.compile(r'"((?:[^"\\]|\\["\\])*)"')
 _SF_ESCAPE = re.compile(r'\\(["\\])')
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-_TEMPLATE_TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
-#: Escapes separator characters inside template part values (see `_escapes`).
-ESCAPE = "\\"
 # Schedulers often send JSON without a JSON content type, so only media types
 # that cannot hold a JSON document are refused.
 _NON_JSON_TYPES = ("application/x-www-form-urlencoded", "application/xml", "text/xml")
@@ -145,88 +144,20 @@ def _scalar_text(value: Any, what: str) -> str | None:
     raise BadRequest(f"{what} selects an object or array; select a string or number")
 
 
-@lru_cache(maxsize=512)
-def _jmespath(expression: str) -> Any:
-    return jmespath.compile(expression)
-
-
-@dataclass(frozen=True, slots=True)
-class _Placeholder:
-    kind: str  # period, method, path, header, query, body
-    arg: str = ""
-    compiled: Any = None
-
-
-@lru_cache(maxsize=512)
-def parse_template(text: str) -> tuple[str | _Placeholder, ...]:
-    """Compile a key template; raise ValueError when it is malformed.
-
-    Literal text comes out in one piece between placeholders. Two placeholders
-    need a separator between them that does not start with the escape character,
-    or no escaping could keep their values apart (see `_escapes`).
-    """
-    out: list[str | _Placeholder] = []
-    literal, previous, pos = "", "", 0
-    for m in _TEMPLATE_TOKEN.finditer(text):
-        literal += text[pos : m.start()]
-        pos = m.end()
-        token = m.group(0)
-        if token in ("{{", "}}"):
-            literal += token[0]
-            continue
-        if m.group(1) is None:
-            raise ValueError(f"template {text!r} has an unmatched {token!r}; write {token * 2}")
-        inner = m.group(1).strip()
-        if previous and (not literal or literal.startswith(ESCAPE)):
-            raise ValueError(
-                f"template {text!r} needs a separator between {{{previous}}} and {{{inner}}} "
-                f"that does not start with {ESCAPE}, or two different requests could share "
-                f'a key ("ab"+"c" and "a"+"bc"); write e.g. {{{previous}}}:{{{inner}}}'
-            )
-        out += [literal, _placeholder(inner, text)]
-        literal, previous = "", inner
-    out.append(literal + text[pos:])
-    return tuple(p for p in out if p != "")
-
-
-@lru_cache(maxsize=512)
-def _escapes(text: str) -> frozenset[str]:
-    """The characters escaped (with a backslash) in a template's part values.
-
-    Joined as they come, "{a}:{b}" would give "a:b"+"c" and "a"+"b:c" one key, and so
-    one record. A value's own copy of the first character of any separator between
-    two parts is escaped, and the escape character itself, so the first unescaped
-    separator character always ends a part: one key per tuple of values. Values
-    without those characters are unchanged, and a template with one part needs none.
-    """
-    pieces = parse_template(text)
-    firsts = {
-        piece[0]
-        for before, piece, after in zip(pieces, pieces[1:], pieces[2:], strict=False)
-        if isinstance(before, _Placeholder) and isinstance(piece, str)
-        if isinstance(after, _Placeholder)
-    }
-    return frozenset({ESCAPE, *firsts}) if firsts else frozenset()
+def _search(compiled: Any, parts: RequestParts, what: str) -> Any:
+    try:
+        return compiled.search(parts.json_body())
+    except (jmespath.exceptions.JMESPathError, TypeError, ValueError) as exc:
+        # A function given the wrong type (length(a) on a number) or values it cannot
+        # compare (max_by over mixed types): this body cannot be keyed, which is the
+        # caller's 400, not the gateway's 500.
+        raise BadRequest(f"{what} cannot be evaluated on this body: {exc}") from None
 
 
 def _escape(value: str, escapes: frozenset[str]) -> str:
     if not escapes or not any(c in escapes for c in value):
         return value
     return "".join(ESCAPE + c if c in escapes else c for c in value)
-
-
-def _placeholder(inner: str, text: str) -> _Placeholder:
-    kind, _, arg = inner.partition(".")
-    if (kind in ("period", "method") and not arg) or kind == "path":
-        return _Placeholder(kind, arg)
-    if kind in ("header", "query") and arg:
-        return _Placeholder(kind, arg.lower() if kind == "header" else arg)
-    if kind == "body" and arg:
-        return _Placeholder(kind, arg, _jmespath(arg))
-    raise ValueError(
-        f"template {text!r} has an unknown placeholder {{{inner}}}; use {{period}}, "
-        "{method}, {path}, {path.<param>}, {header.<Name>}, {query.<name>} or {body.<expr>}"
-    )
 
 
 def _need_period(spec: KeySpec) -> Period:
@@ -236,9 +167,10 @@ def _need_period(spec: KeySpec) -> Period:
 
 
 def _render(spec: KeySpec, source: KeySource, parts: RequestParts, now: datetime) -> str | None:
+    template: Template = source.compiled  # compiled when the config loaded
     pieces: list[str] = []
-    escapes = _escapes(source.name)
-    for piece in parse_template(source.name):
+    escapes = template.escapes
+    for piece in template.pieces:
         value: str | None
         if isinstance(piece, str):
             pieces.append(piece)
@@ -255,7 +187,7 @@ def _render(spec: KeySpec, source: KeySource, parts: RequestParts, now: datetime
         elif piece.kind == "query":
             value = parts.query_value(piece.arg)
         else:
-            found = piece.compiled.search(parts.json_body())
+            found = _search(piece.compiled, parts, f"the template part {{body.{piece.arg}}}")
             value = _scalar_text(found, f"the template part {{body.{piece.arg}}}")
         # A template with a hole would give unrelated requests the same key.
         if value is None or not value.strip():
@@ -306,8 +238,8 @@ def _source_value(
     if source.kind == "query":
         return parts.query_value(source.name)
     if source.kind == "body":
-        compiled = source.compiled if source.compiled is not None else _jmespath(source.name)
-        return _scalar_text(compiled.search(parts.json_body()), "the key expression")
+        found = _search(source.compiled, parts, "the key expression")
+        return _scalar_text(found, "the key expression")
     if source.kind == "template":
         return _render(spec, source, parts, now)
     if source.kind == "hash":

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import quote
 
 from gateway.config import Config, Route
+from gateway.config.templates import fill_placeholders
 from gateway.errors import StoreError, UpstreamError
 from gateway.metrics import Metrics
 from gateway.records import KeyRef, Record, State, StoredResponse
@@ -96,11 +97,8 @@ class Reconciler:
     async def _ask(self, route: Route, record: Record) -> tuple[str, dict[str, Any]]:
         rc = route.reconcile
         assert rc is not None
-        url = (
-            rc.url.replace("{key}", quote(record.key, safe=""))
-            .replace("{route}", quote(route.name, safe=""))
-            .replace("{run_id}", quote(record.run_id, safe=""))
-        )
+        values = {"key": record.key, "route": route.name, "run_id": record.run_id}
+        url = fill_placeholders(rc.url, {k: quote(v, safe="") for k, v in values.items()})
         headers = [("accept", "application/json")]
         if route.forward_key_header:
             headers.append((route.forward_key_header, record.key))

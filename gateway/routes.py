@@ -21,9 +21,7 @@ import re
 from dataclasses import dataclass
 
 from gateway.config import Route
-
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::(path))?\}")
-
+from gateway.config.paths import compile_path_pattern
 
 #: Segments that are dot-segments, lower-cased: `.` and `..`, with either dot sent as
 #: %2E (RFC 3986 6.2.2.2: an encoded unreserved character is the character).
@@ -61,30 +59,7 @@ class RouteMatch:
 
 def compile_path(pattern: str) -> re.Pattern[str]:
     """Compile a path pattern to a regex; raise ValueError when it is malformed."""
-    parts: list[str] = []
-    names: set[str] = set()
-    pos = 0
-    for m in _PLACEHOLDER.finditer(pattern):
-        parts.append(_literal(pattern[pos : m.start()], pattern))
-        name = m.group(1)
-        if name in names:
-            raise ValueError(f"path {pattern!r} uses {{{name}}} twice")
-        names.add(name)
-        parts.append(f"(?P<{name}>.*)" if m.group(2) else f"(?P<{name}>[^/]+)")
-        pos = m.end()
-    parts.append(_literal(pattern[pos:], pattern))
-    return re.compile("".join(parts))
-
-
-def _literal(text: str, pattern: str) -> str:
-    # A brace left over after the placeholders were taken out is a typo such as
-    # `{name` or `{na-me}`; silently treating it as literal text would make the
-    # route never match.
-    if "{" in text or "}" in text:
-        raise ValueError(
-            f"path {pattern!r} has a malformed placeholder; use {{name}} or {{name:path}}"
-        )
-    return re.escape(text)
+    return compile_path_pattern(pattern).regex
 
 
 def _allows(route: Route, method: str) -> bool:

@@ -38,6 +38,7 @@ import uvicorn
 from gateway.admin import create_admin_app
 from gateway.app import Gateway, ProxyApp
 from gateway.config import Config, ServerConfig, load_config
+from gateway.config.addresses import parse_listen
 from gateway.errors import ConfigError
 from gateway.framing import protocol_for
 from gateway.logs import flush_access_log
@@ -53,8 +54,7 @@ class _Server(uvicorn.Server):
 
 
 def split_listen(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    return host.strip("[]"), int(port)
+    return parse_listen(listen)  # the grammar config validation checked it with
 
 
 def uvicorn_server(

@@ -60,7 +60,7 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
-from gateway._parse import IPNetwork
+from gateway.config.http import IPNetwork
 from gateway.errors import NotSent, OutcomeLost
 
 #: RFC 9110 7.6.1, plus headers that describe the framing of one hop's message.

@@ -21,6 +21,7 @@ from gateway.config import (
     parse_period,
     parse_size,
 )
+from gateway.config.templates import fill_placeholders
 from gateway.errors import ConfigError
 
 EXAMPLE = """\
@@ -456,6 +457,7 @@ def test_yaml_syntax_error_has_line_and_column(tmp_path: Path) -> None:
     (issue,) = caught.value.issues
     assert issue.message.startswith("not valid YAML at line ")
     assert "column" in issue.message
+    assert str(caught.value).startswith(f"{path}:{issue.line}:{issue.column}: not valid YAML")
     assert "Traceback" not in str(caught.value)
 
 
@@ -773,6 +775,23 @@ def test_reconcile_block_errors() -> None:
     assert "must be more than 0" in found["routes[0].reconcile.timeout"]
 
 
+def test_reconcile_url_placeholders_are_filled_as_the_config_read_them() -> None:
+    # The config accepts `{ key }` and reads `{{` as a brace; the check URL says the same.
+    (parsed,) = parse(
+        {
+            "routes": [
+                route(
+                    on_unknown_outcome="reconcile",
+                    reconcile={"url": "http://h/s/{ key }/{route}?run={run_id}&f={{x}}"},
+                )
+            ]
+        }
+    ).routes
+    assert parsed.reconcile is not None
+    values = {"key": "k%2F1", "route": "job", "run_id": "r1"}
+    assert fill_placeholders(parsed.reconcile.url, values) == "http://h/s/k%2F1/job?run=r1&f={x}"
+
+
 def test_reconcile_url_required() -> None:
     found = route_error(on_unknown_outcome="reconcile", reconcile={"done": [200]})
     assert found["routes[0].reconcile.url"].startswith("missing; write e.g. url:")
@@ -807,8 +826,53 @@ def test_all_errors_are_reported_together(tmp_path: Path) -> None:
         "routes[1].name",
     ]
     text = str(caught.value)
-    assert text.count(str(path) + ": ") == 5
-    assert f'{path}: routes[0].kye: unknown setting; did you mean "key"?' in text
+    assert [line.split(": ")[0] for line in text.splitlines()] == [
+        f"{path}:1:26",
+        f"{path}:2:14",
+        f"{path}:7:5",
+        f"{path}:11:17",
+        f"{path}:8:11",
+    ]
+    assert f'{path}:7:5: routes[0].kye: unknown setting; did you mean "key"?' in text
+
+
+def test_errors_name_the_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        "server:\n"
+        "  listen: '8080'\n"
+        "routes:\n"
+        "  - name: a\n"
+        "    match:\n"
+        "      methods: [POST, 'a b']\n"
+        "    upstream: ${UP:?set UP}\n"
+        "    defaults: {}\n"
+        "    key:\n"
+        "      sources:\n"
+        "        - {header: A, period: 1d}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    where = {issue.path: (issue.line, issue.column) for issue in caught.value.issues}
+    assert where == {
+        "server.listen": (2, 11),  # the value
+        "routes[0].upstream": (7, 15),
+        "routes[0].defaults": (8, 5),  # an unknown setting: its name
+        "routes[0].match.methods[1]": (6, 23),
+        "routes[0].match.path": (6, 7),  # missing: the mapping it is missing from
+        "routes[0].key.sources[0].period": (11, 23),
+    }
+    lines = str(caught.value).splitlines()
+    assert any(line.startswith(f'{path}:2:11: server.listen: "8080" is not an') for line in lines)
+    assert f"{path}:7:15: routes[0].upstream: environment variable UP is not set: set UP" in lines
+
+
+def test_errors_without_a_file_have_no_position() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse({"routes": [route(wait_timeout="soon")]})
+    (issue,) = caught.value.issues
+    assert (issue.line, issue.column) == (0, 0)
+    assert str(caught.value).startswith("test.yaml: routes[0].wait_timeout: ")
 
 
 # -- describe -----------------------------------------------------------------------------

@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config import KeySource, KeySpec, Period
+from gateway.config.templates import compile_template
 from gateway.errors import BadRequest
 from gateway.keys import (
     MAX_JSON_DEPTH,
     RequestParts,
     extract_key,
     fingerprint,
-    parse_template,
     record_digest,
     scope_value,
     window_start,
@@ -233,11 +233,19 @@ def test_template_literal_braces() -> None:
 @pytest.mark.parametrize("text", ["{method", "method}", "{unknown}", "{header}", "{body.[}"])
 def test_malformed_templates_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
-        parse_template(text)
+        compile_template(text)
 
 
 def test_template_is_compiled_once() -> None:
-    assert parse_template("x:{method}:{body.a}") is parse_template("x:{method}:{body.a}")
+    assert compile_template("x:{method}:{body.a}") is compile_template("x:{method}:{body.a}")
+
+
+def test_an_expression_that_cannot_evaluate_on_the_body_is_refused() -> None:
+    # JMESPath functions raise on values of the wrong type: the caller's 400, not a 500.
+    with pytest.raises(BadRequest, match="cannot be evaluated on this body"):
+        key(body("length(a)"), req(body=b'{"a": 5}'))
+    with pytest.raises(BadRequest, match=r"\{body.max_by\(a, &b\)\} cannot be evaluated"):
+        key(template("x:{body.max_by(a, &b)}"), req(body=b'{"a": [{"b": 1}, {"b": "x"}]}'))
 
 
 def test_template_part_selecting_an_object_is_refused() -> None:

@@ -176,7 +176,7 @@ def test_check_config_reports_errors_without_traceback(tmp_path: Path) -> None:
     result = cli("check-config", str(bad))
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
-    assert f"{bad}: routes[0].upstream_timeout" in result.stderr
+    assert f"{bad}:5:23: routes[0].upstream_timeout" in result.stderr
     assert "routes[0].key.body" in result.stderr and "JMESPath" in result.stderr
     assert "routes[0].kye" in result.stderr and "key" in result.stderr
 

@@ -9,6 +9,7 @@ the ledger how many examples it ran (`requests`) and how many invalid inputs it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import string
@@ -28,11 +29,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.config import Config, KeySource, KeySpec, Period, load_config, parse_config
+from gateway.config.templates import compile_template
 from gateway.errors import BadRequest, ConfigError
 from gateway.keys import (
     RequestParts,
     extract_key,
-    parse_template,
     record_digest,
     scope_value,
     window_start,
@@ -378,7 +379,7 @@ def test_template_keys_without_separators_in_values_are_unchanged() -> None:
 @pytest.mark.parametrize("template", ["{body.a}{body.b}", "x:{method}{path}", "{body.a}\\{body.b}"])
 def test_templates_that_cannot_be_injective_are_refused(template: str) -> None:
     with pytest.raises(ValueError, match="separator"):
-        parse_template(template)
+        compile_template(template)
 
 
 def test_config_refuses_templates_that_would_collide() -> None:
@@ -404,6 +405,60 @@ def test_config_refuses_templates_that_would_collide() -> None:
     assert (
         "put a separator between them, e.g. {header.A}:{query.b}" in found["routes[0].key.template"]
     )
+
+
+#: Placeholders and text of templates, good and bad: the config decides which it accepts.
+PLACEHOLDER_BITS = [
+    "{period}", "{method}", "{path}", "{path.p}", "{header.X-A}", "{query.k}", "{body.a}",
+    "{body.a.b}", "{body.a[0]}", "{ period }", "{body.length(a)}", "{body.abs(a)}",
+    "{body.sort(a)}", "{body.max_by(a, &b)}", "{body.to_string(a)}", "{body.a || `1`}",
+    "{body.*}", "{body.a[?b > `1`]}", "{body.sum(a)}",
+]  # fmt: skip
+TEXT_BITS = [":", "-", "a", " ", ":{{", "}}:", "\\", "", "{", "}", "{path.q}", "{perod}", "{x}"]
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text("ab:\\", max_size=3)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from("ab"), inner, max_size=2)
+    ),
+    max_leaves=6,
+)
+
+
+def test_templates_the_config_accepts_never_fail_on_a_request(ledger: Ledger) -> None:
+    """A key the config accepted either renders or refuses the request (400): no other
+    exception, which would be a 500, whatever the body holds."""
+    with tallied(ledger, "test_templates_the_config_accepts_never_fail_on_a_request") as tally:
+
+        @profile(600)
+        @given(
+            bits=st.lists(
+                st.tuples(st.sampled_from(PLACEHOLDER_BITS), st.sampled_from(TEXT_BITS)),
+                min_size=1,
+                max_size=3,
+            ),
+            body=st.one_of(json_values.map(json.dumps), st.sampled_from(["", "x", "[1, 2]"])),
+            as_source=st.booleans(),
+        )
+        def check(bits: list[tuple[str, str]], body: str, as_source: bool) -> None:
+            tally.examples += 1
+            template = "".join(placeholder + text for placeholder, text in bits)
+            key: dict[str, Any] = {"template": template, "period": "1h"}
+            if as_source and bits[0][0].startswith("{body."):
+                key = {"body": bits[0][0][6:-1]}  # the same expression as a body: source
+            route = {"name": "t", "match": {"path": "/t/{p}"}, "upstream": "http://h", "key": key}
+            try:
+                config = parse_config({"routes": [route]}, "t.yaml", {})
+            except ConfigError:
+                tally.bad += 1
+                return
+            spec = config.routes[0].key
+            assert spec is not None
+            parts = req(headers=[("x-a", "1")], query="k=2", body=body.encode(), params={"p": "3"})
+            with contextlib.suppress(BadRequest):  # refused to the caller: the design
+                extract_key(spec, parts, NOW)
+
+        check()
+        assert tally.bad < tally.examples
 
 
 # -- period windows ----------------------------------------------------------------------

@@ -59,7 +59,9 @@ def main() -> None:
     args = parser.parse_args()
     port, admin = free_port(), free_port()
     server: dict[str, str] = {"listen": f"127.0.0.1:{port}"}
-    if "header_timeout" in (args.root / "gateway" / "config.py").read_text():
+    package = args.root / "gateway"
+    sources = [package / "config.py", *sorted((package / "config").glob("*.py"))]
+    if any(p.is_file() and "header_timeout" in p.read_text() for p in sources):
         server["header_timeout"] = "10m"
     config = {
         "server": server,

@@ -132,9 +132,9 @@ MUTANTS = [
     ),
     Mutant(
         name="keep-alive-5s",
-        path="gateway/config.py",
-        old="    keep_alive: float = 75.0",
-        new="    keep_alive: float = 5.0",
+        path="gateway/config/model.py",
+        old="    keep_alive: Duration = 75.0",
+        new="    keep_alive: Duration = 5.0",
         tests=t("test_clients_coming_back_just_after_5s_are_all_answered"),
         breaks="the listener closes idle connections as common clients reuse them",
     ),

@@ -91,16 +91,16 @@ MUTANTS = [
     ),
     Mutant(
         name="template-escape-char-not-escaped",
-        path="gateway/keys.py",
-        old="return frozenset({ESCAPE, *firsts}) if firsts else frozenset()",
-        new="return frozenset(firsts)",
+        path="gateway/config/templates.py",
+        old="escapes=frozenset({ESCAPE, *firsts}) if firsts else frozenset(),",
+        new="escapes=frozenset(firsts),",
         tests=(P + "test_template_rendering_is_injective",),
         breaks="a value's own backslash fakes an escape, and two requests share a key",
     ),
     Mutant(
         name="config-allows-glued-template-parts",
-        path="gateway/_parse.py",
-        old='if not between or between.startswith("\\\\"):',
+        path="gateway/config/templates.py",
+        old="if not between or between.startswith(ESCAPE):",
         new="if False:",
         tests=(P + "test_config_refuses_templates_that_would_collide",),
         breaks="a template with parts side by side loads, and its keys collide",
@@ -132,7 +132,7 @@ MUTANTS = [
     # -- config -----------------------------------------------------------------------
     Mutant(
         name="config-listen-type-error-escapes",
-        path="gateway/config.py",
+        path="gateway/config/model.py",
         old="except (ValueError, TypeError, AttributeError):",
         new="except ValueError:",
         tests=(P + "test_config_parsing_answers_config_or_config_error",),

@@ -68,9 +68,9 @@ MUTANTS = [
     ),
     Mutant(
         name="admin-listens-everywhere",
-        path="gateway/config.py",
-        old='listen: str = "127.0.0.1:9090"',
-        new='listen: str = "0.0.0.0:9090"',
+        path="gateway/config/model.py",
+        old='listen: ListenAddress = "127.0.0.1:9090"',
+        new='listen: ListenAddress = "0.0.0.0:9090"',
         tests=(f"{ISOLATION}::test_admin_listener_defaults_to_loopback_in_a_real_process",),
         breaks="the operator API is reachable from other hosts unless configured otherwise",
     ),
@@ -84,7 +84,7 @@ MUTANTS = [
     ),
     Mutant(
         name="store-url-password-logged",
-        path="gateway/_parse.py",
+        path="gateway/config/addresses.py",
         old="shown = show(mask_url(url))",
         new="shown = show(url)",
         tests=(f"{ISOLATION}::test_logs_never_contain_secrets",),
@@ -92,9 +92,9 @@ MUTANTS = [
     ),
     Mutant(
         name="numeric-token-echoed",
-        path="gateway/config.py",
+        path="gateway/config/types.py",
         old='f"expected text, got {secret_kind(token)}; quote it"',
-        new='f"expected text, got {kind(token)}; quote it"',
+        new='f"expected text, got {show(token)}; quote it"',
         tests=(f"{ISOLATION}::test_config_errors_never_show_passwords_or_tokens",),
         breaks="an admin token YAML reads as a number is repeated in the error and the log",
     ),

@@ -1,0 +1,146 @@
+"""`check-config`'s summary of a loaded config: stable, and never shows secrets."""
+
+from __future__ import annotations
+
+from gateway.config.addresses import mask_url
+from gateway.config.keys import KeySource, KeySpec
+from gateway.config.model import Config
+from gateway.config.routes import Route
+from gateway.config.store import StoreConfig
+from gateway.config.text import show
+from gateway.config.units import format_duration, format_size, format_statuses
+from gateway.sealing import key_id
+
+
+def _store_where(store: StoreConfig) -> str:
+    def nodes(items: tuple[tuple[str, int], ...]) -> str:
+        return ", ".join(f"{host}:{port}" for host, port in items)
+
+    if store.kind == "sentinel":
+        return f"sentinel master {show(store.sentinel_master)} via {nodes(store.sentinel_nodes)}"
+    if store.kind == "cluster":
+        return f"cluster via {nodes(store.cluster_nodes)}"
+    return mask_url(store.url)
+
+
+def describe(config: Config) -> str:
+    """A stable, human-readable summary for `check-config`; never shows secrets."""
+    server, admin, store = config.server, config.admin, config.store
+    api = "operator API enabled (token set)" if admin.token else "operator API disabled (no token)"
+    lines = [
+        f"config: {config.source}",
+        f"server: listen {server.listen}; shutdown grace {format_duration(server.shutdown_grace)}"
+        f"; max header size {format_size(server.max_header_bytes)}",
+        f"server limits: header timeout {format_duration(server.header_timeout)}; body timeout "
+        f"{format_duration(server.body_timeout)}; write timeout "
+        f"{format_duration(server.write_timeout)}; keep-alive {format_duration(server.keep_alive)}"
+        f"; {server.max_connections} connections; upstream keep-alive "
+        f"{format_duration(server.upstream_keep_alive)}; buffered responses up to "
+        f"{format_size(server.max_buffered_responses)}",
+        "trusted proxies: "
+        + (", ".join(str(n) for n in server.trusted_proxies) or "none (X-Forwarded-* replaced)"),
+        f"admin: listen {admin.listen}; {api}",
+        f"store: {_store_where(store)}; prefix {show(store.prefix)}; socket timeout "
+        f"{format_duration(store.socket_timeout)}; connect timeout "
+        f"{format_duration(store.connect_timeout)}; {store.max_connections} connections"
+        + ("; password set" if store.password else "")
+        + (f"; TLS{' (no verify)' if not store.tls.verify else ''}" if store.tls else ""),
+        f"encryption: {_describe_encryption(store)}",
+        f"routes: {len(config.routes)}",
+    ]
+    for route in config.routes:
+        lines.append("")
+        lines.extend(_describe_route(route))
+    return "\n".join(lines) + "\n"
+
+
+def _describe_encryption(store: StoreConfig) -> str:
+    """Key ids only: they name a key without revealing it."""
+    old = ", ".join(key_id(k).hex() for k in store.previous_encryption_keys)
+    reads = f"; also reads key id(s) {old}" if old else ""
+    if store.encryption_key:
+        return (
+            f"AES-256-GCM, new responses sealed with key id {key_id(store.encryption_key).hex()}"
+            + reads
+        )
+    if old:
+        return f"off for new responses{reads}"
+    return "off (responses stored unencrypted)"
+
+
+def _describe_route(route: Route) -> list[str]:
+    methods = ", ".join(sorted(route.methods)) if route.methods is not None else "any method"
+    fmt = format_duration
+    rows: list[tuple[str, str]] = [
+        ("match", f"{methods} {route.path}"),
+        ("upstream", mask_url(route.upstream)),
+        ("key", _describe_key(route.key)),
+    ]
+    if route.key is not None:
+        spec = route.key
+        details = [f"on missing key: {spec.on_missing}", f"max length {spec.max_length}"]
+        if spec.period is not None:
+            details.append(
+                f"period {spec.period.text or spec.period.count} in {spec.period.timezone}"
+            )
+        if spec.scope:
+            details.append("scoped by " + ", ".join(spec.scope))
+        rows.append(("key options", "; ".join(details)))
+        rows.append(("fingerprint", ", ".join(route.fingerprint) or "none"))
+    concurrent: str = route.concurrent
+    if route.concurrent == "wait":
+        concurrent += f" (up to {fmt(route.wait_timeout)})"
+    rows += [
+        ("concurrent", concurrent),
+        (
+            "timeouts",
+            f"upstream {fmt(route.upstream_timeout)}; keep responses {fmt(route.response_ttl)}",
+        ),
+        ("cache statuses", format_statuses(route.cache_statuses)),
+        (
+            "body limits",
+            f"request {format_size(route.max_request_body)}; "
+            f"stored {format_size(route.max_stored_body)}; "
+            f"read {format_size(route.max_response_body)}",
+        ),
+        ("unknown outcome", route.on_unknown_outcome),
+    ]
+    if route.reconcile is not None:
+        rec = route.reconcile
+        rows.append(
+            (
+                "reconcile",
+                f"{rec.method} {mask_url(rec.url)}; done {format_statuses(rec.done)}; not done "
+                f"{format_statuses(rec.not_done)}; timeout {fmt(rec.timeout)}; every "
+                f"{fmt(rec.every)}; park after {fmt(rec.park_after)}",
+            )
+        )
+    rows += [
+        ("store errors", route.on_store_error),
+        ("forward key as", route.forward_key_header or "(not forwarded)"),
+        ("strip headers", ", ".join(sorted(route.strip_headers)) or "none"),
+        ("sensitive keys", "yes (logs show a hash)" if route.sensitive_keys else "no"),
+    ]
+    width = max(len(label) for label, _ in rows) + 1
+    return [f"route {route.name}", *(f"  {label + ':':<{width}} {text}" for label, text in rows)]
+
+
+def _describe_key(spec: KeySpec | None) -> str:
+    if spec is None:
+        return "none (pass-through)"
+    texts = [_describe_source(source) for source in spec.sources]
+    return texts[0] if len(texts) == 1 else "first present of: " + "; ".join(texts)
+
+
+def _describe_source(source: KeySource) -> str:
+    if source.kind == "header":
+        return f"header {source.name}"
+    if source.kind == "query":
+        return f"query parameter {source.name}"
+    if source.kind == "body":
+        return f"body {source.name} (JMESPath)"
+    if source.kind == "template":
+        return f"template {show(source.name)}"
+    if source.kind == "hash":
+        return "hash of " + ", ".join(source.parts)
+    return "the period window alone"
