@@ -160,7 +160,7 @@ MUTANTS = [
     Mutant(
         name="head-written-apart",
         path=FRAMING,
-        old="cycle.transport = _HeadHolder(self, cycle)  # type: ignore[assignment]",
+        old="transport = cycle.transport = _HeadHolder(self, cycle)  # type: ignore[assignment]",
         new="pass",
         tests=t("test_whole_response_leaves_in_one_write"),
         breaks="a whole response leaves in two writes (two syscalls) again",
