@@ -8,6 +8,7 @@ and key (URL-encoded); a scoped route's records are addressed by their `digest`
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import logging
@@ -51,9 +52,11 @@ _RESPONSE_FIELDS = ("status", "headers", "body")
 _MAX_HEADERS = 100
 #: A request body of the operator API, but resolve's: a name, a note, a flag.
 _MAX_ADMIN_BODY = 64 * 1024
-#: For a record whose route a reload removed: a route's defaults (validated like any
-#: route, so its settings must be ones a config could hold).
-_ROUTE_DEFAULTS = RouteConfig(name="removed", path="/", upstream="http://127.0.0.1")
+#: For a record whose route a reload removed: the declared default of a route's
+#: max_stored_body (read from the model, not a made-up route that has to validate).
+_DEFAULT_MAX_STORED_BODY = int(
+    next(f.default for f in dataclasses.fields(RouteConfig) if f.name == "max_stored_body")  # type: ignore[arg-type]
+)
 
 
 def problem(status: int, slug: str, title: str, detail: str = "", **extra: Any) -> Response:
@@ -190,7 +193,7 @@ def create_admin_app(gateway: Gateway) -> Starlette:
         name = request.path_params["route"]
         route = next((r for r in gateway.config.routes if r.name == name), None)
         ttl = route.response_ttl if route is not None else 86400.0
-        max_body = (route or _ROUTE_DEFAULTS).max_stored_body
+        max_body = route.max_stored_body if route is not None else _DEFAULT_MAX_STORED_BODY
         # Room for the response body written as JSON text at its most escaped (\u0000).
         body = await _json_body(request, 6 * max_body + _MAX_ADMIN_BODY)
         operator = _operator(body)
