@@ -32,8 +32,8 @@ from gateway.errors import (
     ProblemError,
     StoreError,
 )
-from gateway.framing import CALLER_TRANSPORT, http_date, reset
 from gateway.keys import RequestParts
+from gateway.listener import CALLER_TRANSPORT, http_date, reset
 from gateway.logs import Trace, current_trace, log_access
 from gateway.metrics import Metrics
 from gateway.reconcile import Reconciler, stop_if_cancelled

@@ -10,7 +10,7 @@ import sys
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
-from gateway import operators
+from gateway import admin_client
 from gateway.config import Config, describe, load_config
 from gateway.errors import ConfigError, ProblemError
 from gateway.logs import setup_logging
@@ -137,7 +137,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from gateway.sealing import key_id, new_key, parse_key
+    from gateway.encryption import key_id, new_key, parse_key
 
     key = new_key()
     print(key)
@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--job-port", type=int, default=5000)
     demo.set_defaults(func=cmd_demo)
 
-    operators.add_parser(sub)
+    admin_client.add_parser(sub)
     return parser
 
 

@@ -104,7 +104,7 @@ class Record:
     now_ms: int
     lease_until_ms: int = 0
     response: StoredResponse | None = None
-    #: why the stored response cannot be read (see gateway.sealing); it stays stored
+    #: why the stored response cannot be read (see gateway.encryption); it stays stored
     unreadable: str = ""
     reason: str = ""  # why it is unresolved
     since_ms: int = 0  # when it entered its current state

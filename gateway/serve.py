@@ -40,7 +40,7 @@ from gateway.app import Gateway, ProxyApp
 from gateway.config import Config, ServerConfig, load_config
 from gateway.config.addresses import parse_listen
 from gateway.errors import ConfigError
-from gateway.framing import protocol_for
+from gateway.listener import protocol_for
 from gateway.logs import flush_access_log
 
 log = logging.getLogger("gateway")
@@ -65,7 +65,7 @@ def uvicorn_server(
     settings: Callable[[], ServerConfig] | None = None,
 ) -> uvicorn.Server:
     """A uvicorn server for one listener; with `settings`, the proxy listener
-    (gateway/framing.py): problem+json refusals, a bounded request head, the
+    (gateway/listener.py): problem+json refusals, a bounded request head, the
     deadlines, the connection cap and the keep-alive of `server.*`, read per
     connection. Its responses carry the Date the app gives them (gateway/app.py adds
     one where there is none), not a second one from uvicorn."""

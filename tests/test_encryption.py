@@ -24,10 +24,10 @@ from prometheus_client import generate_latest
 from gateway import cli
 from gateway.app import Gateway
 from gateway.config import parse_config
+from gateway.encryption import PLAIN, ResponseCodec, Unreadable, key_id, new_key, parse_key
 from gateway.errors import ConfigError
 from gateway.keys import record_digest
 from gateway.records import KeyRef, State, StoredResponse
-from gateway.sealing import PLAIN, ResponseCodec, Unreadable, key_id, new_key, parse_key
 from gateway.store.base import codec_for
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import BUCKETS, RedisStore

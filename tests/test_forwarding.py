@@ -5,7 +5,7 @@ Unit tests hold `forwarded_headers` to its rule: only an immediate peer in
 `server.trusted_proxies` may extend the X-Forwarded-For chain or state the scheme and
 host; from any other peer those claims are replaced by what the gateway saw. The
 process-level tests send raw requests over real sockets to real gateways (uvicorn +
-gateway/framing.py) and read what the echo upstream received, line by line.
+gateway/listener.py) and read what the echo upstream received, line by line.
 """
 
 from __future__ import annotations

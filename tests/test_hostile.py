@@ -3,7 +3,7 @@ never a crash, never a wrong replay, and never reaches the upstream as a request
 caller did not send.
 
 Where the HTTP framing itself is the input, the requests go over raw sockets to a real
-`python -m gateway run` process (uvicorn + httptools + gateway/framing.py). Where the
+`python -m gateway run` process (uvicorn + httptools + gateway/listener.py). Where the
 input is about keys (every key source kind, JSON bodies, namespaces), the gateway runs
 in-process on a real store with a real upstream.
 """
@@ -942,7 +942,7 @@ async def test_escaping_keys_stay_in_their_namespace_on_redis(
 
 def test_expect_continue_and_head_answers_are_not_held(raw_gateway: RawGateway) -> None:
     """The listener holds a response's head until its body, to send both in one write
-    (gateway/framing.py). A 100 Continue must still go out at once, and a HEAD answer,
+    (gateway/listener.py). A 100 Continue must still go out at once, and a HEAD answer,
     which has no body, must not wait for one."""
     key = unique("continue")
     head = http_request("POST", "/jobs/x", [("Idempotency-Key", key), ("Expect", "100-continue")])

@@ -1,4 +1,4 @@
-"""The proxy listener (gateway/framing.py) against callers that misbehave, on purpose
+"""The proxy listener (gateway/listener.py) against callers that misbehave, on purpose
 or by bad timing: trailers posing as headers, slow heads and bodies, more connections
 than the cap, Expect: 100-continue, a malformed request pipelined after a good one,
 Date headers, and the keep-alive race.
@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from gateway.config import ServerConfig
-from gateway.framing import GatewayHttpProtocol
+from gateway.listener import GatewayHttpProtocol
 from gateway.serve import uvicorn_server
 from tests.conftest import unique
 from tests.support.loops import anyio_backend  # noqa: F401  (uvloop and asyncio)

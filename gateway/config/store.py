@@ -17,7 +17,7 @@ from gateway.config.issues import Loc, Problems, loc_path
 from gateway.config.sections import Section, settings
 from gateway.config.text import kind, show, unknown_setting
 from gateway.config.types import Check, Duration, Flag, OptionalText, Secret, Text, Whole, text
-from gateway.sealing import key_id, parse_key
+from gateway.encryption import key_id, parse_key
 
 
 def _pem_file(value: object) -> str:

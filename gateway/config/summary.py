@@ -9,7 +9,7 @@ from gateway.config.routes import Route
 from gateway.config.store import StoreConfig
 from gateway.config.text import show
 from gateway.config.units import format_duration, format_size, format_statuses
-from gateway.sealing import key_id
+from gateway.encryption import key_id
 
 
 def _store_where(store: StoreConfig) -> str:

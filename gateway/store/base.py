@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from gateway.encryption import PLAIN, ResponseCodec, Unreadable
 from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredResponse
-from gateway.sealing import PLAIN, ResponseCodec, Unreadable
 
 if TYPE_CHECKING:
     from gateway.config import StoreConfig

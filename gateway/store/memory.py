@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from gateway.encryption import PLAIN, ResponseCodec
 from gateway.records import KeyRef, Record, State, StoredResponse
-from gateway.sealing import PLAIN, ResponseCodec
 from gateway.store.base import ExpiredPolicy, OperatorResult, Store, StoreInfo
 
 _INDEXED = (State.IN_FLIGHT, State.UNRESOLVED, State.PARKED, State.CLAIMED)

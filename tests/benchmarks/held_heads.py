@@ -5,7 +5,7 @@
 Starts a gateway process from DIR (default: this checkout; point it at another
 checkout to compare), opens the connections, sends each an unfinished head of N bytes
 (default: just under what this checkout's listener holds before it refuses,
-server.max_header_bytes + framing.READ_SLACK), and prints the process's resident memory
+server.max_header_bytes + listener.READ_SLACK), and prints the process's resident memory
 before and after, and how many connections it still holds (not refused).
 server.header_timeout is set long on checkouts that know it, so the deadline does not
 end them during the measurement.
@@ -26,7 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gateway.framing import READ_SLACK  # noqa: E402
+from gateway.listener import READ_SLACK  # noqa: E402
 from tests.support.servers import free_port, wait_for_port  # noqa: E402
 
 

@@ -5,7 +5,7 @@ T = "tests/test_encryption.py::"
 MUTANTS = [
     Mutant(
         name="encryption-associated-data-dropped",
-        path="gateway/sealing.py",
+        path="gateway/encryption.py",
         old="    return header + digest.encode()",
         new="    return header",
         tests=(
@@ -16,7 +16,7 @@ MUTANTS = [
     ),
     Mutant(
         name="encryption-nonce-fixed",
-        path="gateway/sealing.py",
+        path="gateway/encryption.py",
         old="        nonce = os.urandom(NONCE_BYTES)",
         new="        nonce = bytes(NONCE_BYTES)",
         tests=(T + "test_envelope_layout_round_trip_and_fresh_nonces",),
@@ -24,7 +24,7 @@ MUTANTS = [
     ),
     Mutant(
         name="encryption-key-id-ignored-on-read",
-        path="gateway/sealing.py",
+        path="gateway/encryption.py",
         old="        aead = self._readers.get(header[1:])",
         new="        aead = self._writer[1] if self._writer else None",
         tests=(

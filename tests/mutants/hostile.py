@@ -122,7 +122,7 @@ MUTANTS = [
     ),
     Mutant(
         name="head-unbounded",
-        path="gateway/framing.py",
+        path="gateway/listener.py",
         old="            if self._head_bytes > self._limit + READ_SLACK:",
         new="            if False:",
         tests=(f"{HOSTILE}::test_endless_header_line_is_cut_off_while_it_streams",),
@@ -130,7 +130,7 @@ MUTANTS = [
     ),
     Mutant(
         name="header-size-unchecked",
-        path="gateway/framing.py",
+        path="gateway/listener.py",
         old="        if self._header_bytes > self._limit:",
         new="        if False:",
         tests=(f"{HOSTILE}::test_oversized_headers_get_431_and_target_414",),
@@ -138,7 +138,7 @@ MUTANTS = [
     ),
     Mutant(
         name="framing-errors-plain-text",
-        path="gateway/framing.py",
+        path="gateway/listener.py",
         old="    def send_400_response(self, msg: str) -> None:",
         new="    def _unused_send_400_response(self, msg: str) -> None:",
         tests=(f"{HOSTILE}::test_ambiguous_framing_is_refused_and_nothing_is_forwarded",),
@@ -154,7 +154,7 @@ MUTANTS = [
     ),
     Mutant(
         name="continue-held",
-        path="gateway/framing.py",
+        path="gateway/listener.py",
         old='        if head is None and not data.startswith(b"HTTP/1.1 100 "):',
         new="        if head is None:",
         tests=(f"{HOSTILE}::test_expect_continue_and_head_answers_are_not_held",),
@@ -162,7 +162,7 @@ MUTANTS = [
     ),
     Mutant(
         name="head-answer-held",
-        path="gateway/framing.py",
+        path="gateway/listener.py",
         old='            if self.scope["method"] != "HEAD":',
         new="            if True:",
         tests=(f"{HOSTILE}::test_expect_continue_and_head_answers_are_not_held",),

@@ -2,18 +2,18 @@
 
 from tests.mutants import Mutant
 
-LISTENER = "tests/test_listener.py"
-FRAMING = "gateway/framing.py"
+TESTS = "tests/test_listener.py"
+SOURCE = "gateway/listener.py"
 
 
 def t(*names: str) -> tuple[str, ...]:
-    return tuple(f"{LISTENER}::{name}" for name in names)
+    return tuple(f"{TESTS}::{name}" for name in names)
 
 
 MUTANTS = [
     Mutant(
         name="trailers-become-headers",
-        path=FRAMING,
+        path=SOURCE,
         old="        if self._in_head:\n            super().on_header(name, value)",
         new="        if True:\n            super().on_header(name, value)",
         tests=t("test_trailers_never_reach_the_upstream_as_headers"),
@@ -21,7 +21,7 @@ MUTANTS = [
     ),
     Mutant(
         name="trailers-unbounded",
-        path=FRAMING,
+        path=SOURCE,
         old="        if (self._in_head or self._trailing) and not self._stopped:",
         new="        if self._in_head and not self._stopped:",
         tests=t("test_trailer_section_is_bounded_like_a_head"),
@@ -29,7 +29,7 @@ MUTANTS = [
     ),
     Mutant(
         name="no-head-deadline",
-        path=FRAMING,
+        path=SOURCE,
         old="        timeout = self._server.header_timeout\n",
         new="        return\n",
         tests=t(
@@ -40,7 +40,7 @@ MUTANTS = [
     ),
     Mutant(
         name="head-deadline-restarts-per-read",
-        path=FRAMING,
+        path=SOURCE,
         old="        if self._in_head and self._head_since is None:",
         new="        self._cancel_timer()\n        if self._in_head:",
         tests=t("test_trickled_head_is_cut_at_the_head_deadline"),
@@ -48,7 +48,7 @@ MUTANTS = [
     ),
     Mutant(
         name="no-body-timeout",
-        path=FRAMING,
+        path=SOURCE,
         old="        timeout = self._server.body_timeout\n",
         new="        return\n",
         tests=t("test_half_sent_body_gets_408_and_is_not_forwarded"),
@@ -56,7 +56,7 @@ MUTANTS = [
     ),
     Mutant(
         name="body-timeout-is-a-deadline",
-        path=FRAMING,
+        path=SOURCE,
         old="        if idle < timeout:",
         new="        if False:",
         tests=t("test_slow_body_that_keeps_coming_is_read"),
@@ -64,7 +64,7 @@ MUTANTS = [
     ),
     Mutant(
         name="no-connection-cap",
-        path=FRAMING,
+        path=SOURCE,
         old="if len(self.connections) > self._server.max_connections and not self._make_room():",
         new="if False:",
         tests=t("test_connection_over_the_cap_gets_503_and_idle_ones_make_room"),
@@ -72,7 +72,7 @@ MUTANTS = [
     ),
     Mutant(
         name="idle-connections-keep-their-place",
-        path=FRAMING,
+        path=SOURCE,
         old="        while self.idle:",
         new="        while False:",
         tests=t("test_connection_over_the_cap_gets_503_and_idle_ones_make_room"),
@@ -80,7 +80,7 @@ MUTANTS = [
     ),
     Mutant(
         name="refusal-out-of-order",
-        path=FRAMING,
+        path=SOURCE,
         old="        if ready:\n            self._finish()",
         new="        self._finish()",
         tests=t("test_refusal_pipelined_after_a_good_request_waits_for_its_answer"),
@@ -88,7 +88,7 @@ MUTANTS = [
     ),
     Mutant(
         name="refusal-after-its-own-answer",
-        path=FRAMING,
+        path=SOURCE,
         old="            self._answer = False\n            ready = cycle.response_complete",
         new="            ready = cycle.response_complete",
         tests=t("test_refusal_of_a_request_already_answered_is_not_sent"),
@@ -104,7 +104,7 @@ MUTANTS = [
     ),
     Mutant(
         name="uninvited-body-kept-open",
-        path=FRAMING,
+        path=SOURCE,
         old="            if cycle.more_body and cycle.keep_alive:",
         new="            if False:",
         tests=t(
@@ -140,7 +140,7 @@ MUTANTS = [
     ),
     Mutant(
         name="keep-alive-closes-on-unread-request",
-        path=FRAMING,
+        path=SOURCE,
         old="        if _unread_bytes(self.transport):\n            return",
         new="",
         tests=t("test_keep_alive_expiry_with_a_request_waiting_answers_it"),
@@ -148,7 +148,7 @@ MUTANTS = [
     ),
     Mutant(
         name="hard-close",
-        path=FRAMING,
+        path=SOURCE,
         old="        transport.write_eof()\n",
         new="        transport.close()\n        return\n",
         tests=t(
@@ -159,7 +159,7 @@ MUTANTS = [
     ),
     Mutant(
         name="head-written-apart",
-        path=FRAMING,
+        path=SOURCE,
         old="transport = cycle.transport = _HeadHolder(self, cycle)  # type: ignore[assignment]",
         new="pass",
         tests=t("test_whole_response_leaves_in_one_write"),

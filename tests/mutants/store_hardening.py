@@ -11,7 +11,7 @@ C = "tests/test_keys_cli.py::"
 MUTANTS = [
     Mutant(
         name="encryption-plain-read-with-a-key",
-        path="gateway/sealing.py",
+        path="gateway/encryption.py",
         old="        elif self._refuse_plain:\n",
         new="        elif False:\n",
         tests=(
@@ -66,7 +66,7 @@ MUTANTS = [
     ),
     Mutant(
         name="keys-cli-options-before-the-action-only",
-        path="gateway/operators.py",
+        path="gateway/admin_client.py",
         old="    _shared_options(shared, defaults=False)\n",
         new="",
         tests=(C + "test_every_action_takes_the_options_in_either_place",),
@@ -74,7 +74,7 @@ MUTANTS = [
     ),
     Mutant(
         name="keys-cli-action-default-overwrites",
-        path="gateway/operators.py",
+        path="gateway/admin_client.py",
         old="        default=url if defaults else argparse.SUPPRESS,\n",
         new="        default=url,\n",
         tests=(C + "test_a_value_before_the_action_is_not_overwritten_by_the_actions_default",),

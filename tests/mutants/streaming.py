@@ -23,7 +23,7 @@ MUTANTS = [
     ),
     Mutant(
         name="no-write-timeout",
-        path="gateway/framing.py",
+        path="gateway/listener.py",
         old="        if self._stall is None:\n",
         new="        if False:\n",
         tests=(f"{STREAMING}::test_a_caller_that_never_reads_a_stored_answer",),

@@ -64,7 +64,7 @@ MUTANTS = [
         "request written as the upstream closes is lost and its key parked",
     ),
     Mutant(
-        name="trailers-become-headers",
+        name="response-trailers-become-headers",
         path="gateway/upstream.py",
         old="        if not self.in_body:\n            self.headers.append((name, value))\n",
         new="        self.headers.append((name, value))\n",
