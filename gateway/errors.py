@@ -25,10 +25,27 @@
         ├── UpstreamFailed     502: the upstream could not be reached (never sent)
         ├── StoreUnavailable   503: the store is down and the route fails closed
         ├── TooManyConnections 503: over server.max_connections; nothing was read
-        └── OutcomeUnknown     504: the request was sent and its answer lost (timeout,
-                                   reset, cut off): the work may have run
+        ├── OutcomeUnknown     504: the request was sent and its answer lost (timeout,
+        │                          reset, cut off): the work may have run
+        └── OperatorRefusal    the operator API (admin.py) refused a call; nothing changed
+            ├── Unauthorized          401: no `Authorization: Bearer <admin.token>` that matches
+            ├── OperatorApiDisabled   404: admin.token is not set
+            ├── UnknownKey            404: no record for this route and key
+            ├── HeldByAnother         409: another operator holds the key (claim without force)
+            ├── NotTheHolder          409: only the operator holding the key may resolve it
+            ├── InvalidTransition     409: not a legal move from the key's state
+            ├── OperatorBodyTooLarge  413: larger than the call can need
+            └── BadOperatorRequest    400: the call cannot be acted on as sent
+                ├── BadFilter         a listing's state or older_than is not valid
+                ├── NotJsonObject     the body is not a JSON object
+                ├── OperatorRequired  the body does not name the operator
+                ├── BadOutcome        outcome is neither "done" nor "retry"
+                ├── DigestRequired    a scoped route's record needs ?digest=
+                └── BadResponse       the response given could not be replayed as given
 
-Each ProblemError knows its `type`, `title` and status, and renders itself.
+Each ProblemError knows its `type`, `title` and status, and renders itself. A title is
+the same for every occurrence of its type (RFC 9457 3.1.3); what this occurrence got
+wrong is its `detail`, and extra members (`field`, `holder`, `state`) say it to programs.
 """
 
 from __future__ import annotations
@@ -255,3 +272,85 @@ class OutcomeUnknown(ProblemError):
     status = 504
     slug = "outcome-unknown"
     title = "The upstream's answer was lost; the outcome is unknown"
+
+
+class OperatorRefusal(ProblemError):
+    """The operator API said no, before or instead of changing the record."""
+
+
+class Unauthorized(OperatorRefusal):
+    status = 401
+    slug = "unauthorized"
+    title = "A valid admin token is required"
+
+
+class OperatorApiDisabled(OperatorRefusal):
+    status = 404
+    slug = "operator-api-disabled"
+    title = "The operator API is disabled"
+
+
+class UnknownKey(OperatorRefusal):
+    status = 404
+    slug = "unknown-key"
+    title = "No record for this route and key"
+
+
+class HeldByAnother(OperatorRefusal):
+    status = 409
+    slug = "held-by-another-operator"
+    title = "Another operator holds this key"
+
+
+class NotTheHolder(OperatorRefusal):
+    status = 409
+    slug = "not-the-holder"
+    title = "Only the operator holding this key may resolve it"
+
+
+class InvalidTransition(OperatorRefusal):
+    status = 409
+    slug = "invalid-transition"
+    title = "That is not a legal move for this key now"
+
+
+class OperatorBodyTooLarge(OperatorRefusal):
+    status = 413
+    slug = "request-too-large"
+    title = "The request body is larger than the operator API accepts"
+
+
+class BadOperatorRequest(OperatorRefusal):
+    status = 400
+    slug = "bad-request"
+    title = "The operator API cannot act on this request"
+
+
+class BadFilter(BadOperatorRequest):
+    slug = "bad-filter"
+    title = "A listing filter is not valid"
+
+
+class NotJsonObject(BadOperatorRequest):
+    slug = "not-a-json-object"
+    title = "The request body must be a JSON object"
+
+
+class OperatorRequired(BadOperatorRequest):
+    slug = "operator-required"
+    title = "The request body must name the operator"
+
+
+class BadOutcome(BadOperatorRequest):
+    slug = "bad-outcome"
+    title = 'The outcome must be "done" or "retry"'
+
+
+class DigestRequired(BadOperatorRequest):
+    slug = "digest-required"
+    title = "This route's keys are scoped per client"
+
+
+class BadResponse(BadOperatorRequest):
+    slug = "bad-response"
+    title = "The gateway could not replay the response given as it is"

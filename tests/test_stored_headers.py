@@ -19,6 +19,7 @@ import pytest
 import redis
 import yaml
 
+from gateway.errors import BadResponse
 from gateway.keys import record_digest
 from gateway.records import KeyRef, State, StoredResponse
 from gateway.store.redis import BUCKETS
@@ -250,7 +251,8 @@ async def test_operator_response_is_validated(gateway_for: Build, upstream: Proc
             doc = answer.json()
             assert doc["type"].endswith("/bad-response") and doc["status"] == 400, case
             assert doc["field"] == field, (case, doc)
-            assert title in doc["title"], (case, doc)
+            assert doc["title"] == BadResponse.title, (case, doc)
+            assert title in doc["detail"], (case, doc)
             refused.append(case)
         after = await gw.gateway.store.get(ref)
         assert after is not None and before is not None
