@@ -1,0 +1,675 @@
+"""gateway/admin.py: every handler and every refusal of the admin listener, in process.
+
+The admin app runs through httpx.ASGITransport over a real store: a MemoryStore, and
+a redis-server of the tests' own where what the store answers is the point (claims,
+refusals, listings, a store that goes down). Records are put in the state a test
+needs through the store's own operations, so no upstream is involved.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route
+
+from gateway import admin
+from gateway.admin import authorize, create_admin_app, problem_response, summary
+from gateway.admin_responses import check_response, operator_response
+from gateway.app import Gateway
+from gateway.config import StoreConfig
+from gateway.errors import (
+    PROBLEM_BASE,
+    BadFilter,
+    BadOutcome,
+    BadResponse,
+    DigestRequired,
+    HeldByAnother,
+    InvalidTransition,
+    NotJsonObject,
+    NotTheHolder,
+    OperatorApiDisabled,
+    OperatorBodyTooLarge,
+    OperatorRefusal,
+    OperatorRequired,
+    ProblemError,
+    Unauthorized,
+    UnknownKey,
+)
+from gateway.keys import record_digest
+from gateway.records import KeyRef, Record, State, StoredResponse
+from gateway.store.base import Store
+from gateway.store.redis import RedisStore
+from tests.conftest import config_for, unique
+from tests.support.servers import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "adm-test-admin-token"
+ROUTE = "send-invoices"
+OTHER = "send-reminders"
+SCOPED = "tenant-jobs"
+#: Nothing listens here: no test in this file forwards a request.
+NOWHERE = "http://127.0.0.1:9"
+MEMORY = pytest.mark.parametrize("store_kind", ["memory"])
+
+ROUTES = [
+    {"name": ROUTE, "match": {"methods": ["POST"], "path": "/jobs/i"}, "key": {"body": "k"}},
+    {"name": OTHER, "match": {"methods": ["POST"], "path": "/jobs/r"}, "key": {"body": "k"}},
+    {
+        "name": SCOPED,
+        "match": {"methods": ["POST"], "path": "/jobs/t"},
+        "key": {"body": "k", "scope": ["header.X-Tenant"]},
+    },
+]
+
+#: Ways to ask without the token (only `Authorization: Bearer <token>` counts).
+BAD_AUTH: dict[str, dict[str, Any]] = {
+    "none": {},
+    "wrong": {"headers": {"Authorization": "Bearer not-the-token"}},
+    "prefix": {"headers": {"Authorization": f"Bearer {TOKEN[:-1]}"}},
+    "no-scheme": {"headers": {"Authorization": TOKEN}},
+    "basic-scheme": {"headers": {"Authorization": f"Basic {TOKEN}"}},
+    "query": {"params": {"token": TOKEN, "access_token": TOKEN}},
+}
+
+
+@dataclass
+class Admin:
+    """A started gateway, its admin app, and a client that sends the token."""
+
+    gateway: Gateway
+    app: Starlette
+    http: httpx.AsyncClient
+
+    @property
+    def store(self) -> Store:
+        return self.gateway.store
+
+    def anonymous(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://a")
+
+    async def seed(
+        self, state: State, route: str = ROUTE, scope: str = "", key: str = ""
+    ) -> KeyRef:
+        """A record in `state`, reached the way the engine and an operator would."""
+        key = key or unique("inv")
+        ref = KeyRef(record_digest(route, scope, key), route, key)
+        run = uuid.uuid4().hex
+        assert await self.store.claim(ref, run, "fp", lease=60) is None
+        if state is State.IN_FLIGHT:
+            return ref
+        if state is State.COMPLETED:
+            assert await self.store.complete(ref, run, StoredResponse(200, (), b"ok"), ttl=60)
+            return ref
+        park = state in (State.PARKED, State.CLAIMED)
+        assert await self.store.mark_unresolved(ref, run, "upstream timed out", park=park)
+        if state is State.CLAIMED:
+            assert (await self.store.operator_claim(ref, "alice", False)).ok
+        return ref
+
+    async def record(self, ref: KeyRef) -> Record:
+        record = await self.store.get(ref)
+        assert record is not None
+        return record
+
+
+def path(ref: KeyRef, action: str = "") -> str:
+    return f"/admin/keys/{ref.route}/{ref.key}" + (f"/{action}" if action else "")
+
+
+def frozen(record: Record) -> dict[str, Any]:
+    """A record's JSON without the ages, which move while a test runs."""
+    doc = record.to_json()
+    doc.pop("age_seconds")
+    doc.pop("state_age_seconds")
+    return doc
+
+
+def assert_problem(response: httpx.Response, refusal: type[ProblemError], **members: Any) -> None:
+    assert response.status_code == refusal.status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    doc = response.json()
+    assert doc["type"] == PROBLEM_BASE + refusal.slug, doc
+    assert doc["title"] == refusal.title and doc["status"] == refusal.status, doc
+    for name, value in members.items():
+        assert doc[name] == value, (name, doc)
+
+
+@pytest.fixture
+async def admin_for(make_store: Callable[[], Store]) -> AsyncIterator[Callable[..., Any]]:
+    """`await admin_for(token=TOKEN, store=None)`: an Admin on a started gateway."""
+    opened: list[Admin] = []
+
+    async def build(token: str = TOKEN, store: Store | None = None) -> Admin:
+        config = config_for(NOWHERE, ROUTES, admin={"token": token} if token else {})
+        gateway = Gateway(config, store=store or make_store(), sweep=False)
+        await gateway.start()
+        app = create_admin_app(gateway)
+        http = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://admin",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+        opened.append(Admin(gateway, app, http))
+        return opened[-1]
+
+    yield build
+    for each in opened:
+        await each.http.aclose()
+        await each.gateway.close()
+
+
+# -- the token ------------------------------------------------------------------------
+
+
+@MEMORY
+@pytest.mark.parametrize("auth", BAD_AUTH.values(), ids=BAD_AUTH.keys())
+async def test_every_operator_call_without_the_token_is_unauthorized(
+    admin_for: Callable[..., Any], auth: dict[str, Any]
+) -> None:
+    api: Admin = await admin_for()
+    ref = await api.seed(State.CLAIMED)
+    before = frozen(await api.record(ref))
+    done = {"operator": "alice", "outcome": "done", "token": TOKEN}
+    async with api.anonymous() as client:
+        answers = [
+            await client.get("/admin/keys", **auth),
+            await client.get(path(ref), **auth),
+            await client.post(path(ref, "claim"), json={"operator": "eve", "force": True}, **auth),
+            await client.post(path(ref, "resolve"), json=done, **auth),
+        ]
+    for answer in answers:
+        assert_problem(answer, Unauthorized, detail="Send Authorization: Bearer <admin.token>.")
+    assert frozen(await api.record(ref)) == before
+
+
+@MEMORY
+async def test_the_token_is_decided_by_compare_digest_alone(
+    admin_for: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`authorize` on its own: with compare_digest saying no, the right token is
+    refused; a plain `==` would let it through."""
+    api: Admin = await admin_for()
+    calls: list[tuple[bytes, bytes]] = []
+
+    def spy(a: bytes, b: bytes) -> bool:
+        calls.append((a, b))
+        return False
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+    request = Request(
+        {
+            "type": "http",
+            "app": api.app,
+            "method": "GET",
+            "path": "/admin/keys",
+            "query_string": b"",
+            "headers": [(b"authorization", f"Bearer {TOKEN}".encode())],
+        }
+    )
+    with pytest.raises(Unauthorized):
+        authorize(request)
+    assert calls == [(TOKEN.encode(), TOKEN.encode())]
+    monkeypatch.undo()
+    assert authorize(request) is api.gateway
+
+
+@MEMORY
+async def test_without_a_token_the_operator_api_is_disabled_and_probes_stay_on(
+    admin_for: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, "gateway.admin"):
+        api: Admin = await admin_for(token="")
+    assert "operator API is disabled" in caplog.text
+    ref = await api.seed(State.PARKED)
+    answers = [
+        await api.http.get("/admin/keys"),
+        await api.http.get(path(ref)),
+        await api.http.post(path(ref, "claim"), json={"operator": "alice"}),
+    ]
+    for answer in answers:
+        assert_problem(answer, OperatorApiDisabled)
+        assert "admin.token" in answer.json()["detail"]
+    assert (await api.http.get("/healthz")).status_code == 200
+    assert (await api.http.get("/metrics")).status_code == 200
+    # The token is read on each call: a reload that sets one turns the API on.
+    config = api.gateway.config
+    api.gateway.config = replace(config, admin=replace(config.admin, token=TOKEN))
+    assert (await api.http.get(path(ref))).status_code == 200
+
+
+# -- records: unknown, scoped, shown ---------------------------------------------------
+
+
+async def test_unknown_keys_are_refused_on_every_call(admin_for: Callable[..., Any]) -> None:
+    api: Admin = await admin_for()
+    ref = KeyRef(record_digest(ROUTE, "", "nope"), ROUTE, "nope")
+    answers = [
+        await api.http.get(path(ref)),
+        await api.http.post(path(ref, "claim"), json={"operator": "alice"}),
+        await api.http.post(path(ref, "resolve"), json={"operator": "alice", "outcome": "retry"}),
+    ]
+    for answer in answers:
+        assert_problem(answer, UnknownKey, route=ROUTE, key="nope")
+    # Drawn by ProblemError.render, the proxy's renderer: the same bytes.
+    assert answers[0].content == UnknownKey(route=ROUTE, key="nope").render()[2]
+
+
+async def test_a_digest_names_only_its_own_route_and_key(admin_for: Callable[..., Any]) -> None:
+    api: Admin = await admin_for()
+    ref = await api.seed(State.PARKED)
+    digest = {"digest": ref.digest}
+    shown = await api.http.get(path(ref), params=digest)
+    assert shown.status_code == 200 and shown.json()["key"] == ref.key
+    elsewhere = [
+        await api.http.get(f"/admin/keys/{OTHER}/{ref.key}", params=digest),
+        await api.http.get(f"/admin/keys/{ROUTE}/another-key", params=digest),
+        await api.http.post(
+            f"/admin/keys/{OTHER}/{ref.key}/claim", params=digest, json={"operator": "eve"}
+        ),
+    ]
+    for answer in elsewhere:
+        assert_problem(answer, UnknownKey)
+    assert (await api.record(ref)).holder == ""
+
+
+async def test_a_scoped_routes_record_needs_its_digest(admin_for: Callable[..., Any]) -> None:
+    api: Admin = await admin_for()
+    ref = await api.seed(State.PARKED, route=SCOPED, scope="tenant-a")
+    bare = await api.http.get(path(ref))
+    assert_problem(bare, DigestRequired, route=SCOPED, key=ref.key)
+    assert "?digest=" in bare.json()["detail"]
+    claim = await api.http.post(path(ref, "claim"), json={"operator": "alice"})
+    assert_problem(claim, DigestRequired)
+    claimed = await api.http.post(
+        path(ref, "claim"), params={"digest": ref.digest}, json={"operator": "alice"}
+    )
+    assert claimed.status_code == 200 and claimed.json()["holder"] == "alice"
+
+
+async def test_show_is_the_records_json(admin_for: Callable[..., Any]) -> None:
+    api: Admin = await admin_for()
+    ref = await api.seed(State.CLAIMED)
+    shown = (await api.http.get(path(ref))).json()
+    for moving in ("age_seconds", "state_age_seconds"):
+        assert shown.pop(moving) >= 0
+    assert shown == frozen(await api.record(ref))
+    # Seeded within a millisecond or two, the events' order is their at_ms's.
+    assert sorted(e["event"] for e in shown["history"]) == [
+        "claimed",
+        "forwarded",
+        "parked",
+        "unknown",
+    ]
+
+
+# -- claims and resolutions ------------------------------------------------------------
+
+
+async def test_a_key_another_operator_holds_is_refused_naming_them(
+    admin_for: Callable[..., Any],
+) -> None:
+    api: Admin = await admin_for()
+    ref = await api.seed(State.CLAIMED)  # alice holds it
+    held = await api.record(ref)
+    bob = await api.http.post(path(ref, "claim"), json={"operator": "bob"})
+    assert_problem(
+        bob,
+        HeldByAnother,
+        holder="alice",
+        holder_since_ms=held.holder_since_ms,
+        route=ROUTE,
+        key=ref.key,
+    )
+    assert '"force": true' in bob.json()["detail"]
+    assert frozen(await api.record(ref)) == frozen(held)
+    again = await api.http.post(path(ref, "claim"), json={"operator": " alice "})
+    assert again.status_code == 200 and again.json()["holder"] == "alice"
+    taken = await api.http.post(path(ref, "claim"), json={"operator": "bob", "force": True})
+    assert taken.status_code == 200 and taken.json()["holder"] == "bob"
+    assert taken.json()["history"][-1]["takeover_from"] == "alice"
+
+
+async def test_only_the_holder_may_resolve(admin_for: Callable[..., Any]) -> None:
+    api: Admin = await admin_for()
+    ref = await api.seed(State.CLAIMED)  # alice holds it
+    before = frozen(await api.record(ref))
+    for outcome in ("done", "retry"):
+        bob = await api.http.post(
+            path(ref, "resolve"), json={"operator": "bob", "outcome": outcome}
+        )
+        assert_problem(bob, NotTheHolder, holder="alice", route=ROUTE, key=ref.key)
+        assert "claim it first" in bob.json()["detail"]
+    assert frozen(await api.record(ref)) == before
+    done = await api.http.post(path(ref, "resolve"), json={"operator": "alice", "outcome": "done"})
+    assert done.status_code == 200 and done.json()["state"] == "completed"
+
+
+async def test_illegal_moves_are_invalid_transitions(admin_for: Callable[..., Any]) -> None:
+    api: Admin = await admin_for()
+    running = await api.seed(State.IN_FLIGHT)
+    parked = await api.seed(State.PARKED)
+    completed = await api.seed(State.COMPLETED)
+    resolve = {"operator": "alice", "outcome": "retry"}
+    cases = [
+        (await api.http.post(path(running, "claim"), json={"operator": "alice"}), "in_flight"),
+        (await api.http.post(path(completed, "claim"), json={"operator": "alice"}), "completed"),
+        # Resolving needs a claim first: a parked key nobody holds cannot be resolved.
+        (await api.http.post(path(parked, "resolve"), json=resolve), "parked"),
+    ]
+    for answer, state in cases:
+        assert_problem(answer, InvalidTransition, state=state, detail=f"The key is {state}.")
+    assert (await api.record(parked)).state is State.PARKED
+    assert (await api.record(running)).state is State.IN_FLIGHT
+
+
+async def test_claim_and_resolve_count_and_answer_the_record(
+    admin_for: Callable[..., Any],
+) -> None:
+    api: Admin = await admin_for()
+    done_ref, retry_ref = await api.seed(State.PARKED), await api.seed(State.UNRESOLVED)
+    for ref in (done_ref, retry_ref):
+        claimed = await api.http.post(path(ref, "claim"), json={"operator": "alice"})
+        assert claimed.status_code == 200 and claimed.json()["state"] == "claimed"
+    given = {"status": 201, "headers": {"X-Ledger": "42"}, "body": {"paid": True}}
+    done = await api.http.post(
+        path(done_ref, "resolve"),
+        json={"operator": "alice", "outcome": "done", "note": "paid", "response": given},
+    )
+    assert done.status_code == 200, done.text
+    assert done.json()["response"] == {"status": 201, "origin": "operator", "body_omitted": False}
+    assert done.json()["history"][-1]["note"] == "paid"
+    stored = (await api.record(done_ref)).response
+    assert stored is not None and stored.body == b'{"paid": true}'
+    assert ("content-type", "application/json") in stored.headers
+    retry = await api.http.post(
+        path(retry_ref, "resolve"), json={"operator": "alice", "outcome": "retry"}
+    )
+    assert retry.status_code == 200 and retry.json()["state"] == "released"
+    registry = api.gateway.metrics.registry
+    for action, count in (("claim", 2), ("resolve_done", 1), ("resolve_retry", 1)):
+        sample = registry.get_sample_value(
+            "idempotency_gateway_operator_actions_total", {"action": action}
+        )
+        assert sample == count, action
+
+
+# -- bodies an operator call cannot act on ------------------------------------------
+
+
+#: (what is wrong, call, body as sent, the refusal, a word its detail has)
+BAD_BODIES: list[tuple[str, str, bytes, type[OperatorRefusal], str]] = [
+    ("not-json", "claim", b"{operator: alice}", NotJsonObject, "not valid JSON"),
+    ("json-list", "claim", b'["alice"]', NotJsonObject, "not an object"),
+    ("json-text", "resolve", b'"alice"', NotJsonObject, "not an object"),
+    ("no-operator", "claim", b"{}", OperatorRequired, '"operator"'),
+    ("blank-operator", "claim", b'{"operator": "  "}', OperatorRequired, '"operator"'),
+    ("operator-number", "resolve", b'{"operator": 7, "outcome": "done"}', OperatorRequired, ""),
+    ("no-outcome", "resolve", b'{"operator": "alice"}', BadOutcome, "retry"),
+    ("bad-outcome", "resolve", b'{"operator": "alice", "outcome": "maybe"}', BadOutcome, "done"),
+    (
+        "bad-response",
+        "resolve",
+        b'{"operator": "alice", "outcome": "done", "response": {"status": 101}}',
+        BadResponse,
+        "200 to 599",
+    ),
+]
+
+
+@MEMORY
+@pytest.mark.parametrize(
+    ("call", "body", "refusal", "word"),
+    [case[1:] for case in BAD_BODIES],
+    ids=[case[0] for case in BAD_BODIES],
+)
+async def test_bad_bodies_are_refused_with_their_own_type(
+    admin_for: Callable[..., Any],
+    call: str,
+    body: bytes,
+    refusal: type[OperatorRefusal],
+    word: str,
+) -> None:
+    api: Admin = await admin_for()
+    ref = await api.seed(State.CLAIMED)
+    before = frozen(await api.record(ref))
+    answer = await api.http.post(
+        path(ref, call), content=body, headers={"Content-Type": "application/json"}
+    )
+    assert_problem(answer, refusal)
+    assert word in answer.json()["detail"]
+    assert frozen(await api.record(ref)) == before
+
+
+def test_each_bad_body_means_one_thing() -> None:
+    """One type, one title: what differs between two occurrences is their detail."""
+    kinds = [BadFilter, NotJsonObject, OperatorRequired, BadOutcome, DigestRequired, BadResponse]
+    assert len({k.slug for k in kinds}) == len({k.title for k in kinds}) == len(kinds)
+    assert all(k.status == 400 for k in kinds)
+
+
+@MEMORY
+async def test_bodies_over_the_limit_are_refused_declared_or_streamed(
+    admin_for: Callable[..., Any],
+) -> None:
+    api: Admin = await admin_for()
+    ref = await api.seed(State.CLAIMED)
+    huge = b'{"operator": "' + b"x" * (65 * 1024) + b'"}'
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(huge), 8192):
+            yield huge[start : start + 8192]
+
+    declared = await api.http.post(path(ref, "claim"), content=huge)
+    streamed = await api.http.post(path(ref, "claim"), content=chunks())
+    assert "content-length" not in streamed.request.headers
+    for answer in (declared, streamed):
+        assert_problem(answer, OperatorBodyTooLarge)
+        assert str(64 * 1024) in answer.json()["detail"]
+    assert (await api.record(ref)).holder == "alice"
+
+
+def test_check_response_names_the_field_and_operator_response_defaults() -> None:
+    with pytest.raises(BadResponse) as refused:
+        check_response({"headers": {"Content-Length": "3"}}, 1024, ROUTE)
+    assert refused.value.extra == {"field": "response.headers.Content-Length"}
+    assert "sets Content-Length itself" in refused.value.detail
+    record = Record("d", ROUTE, "k", State.CLAIMED, "run", "fp", created_ms=1, now_ms=2)
+    made = operator_response(None, record, "alice")
+    assert made.status == 200 and made.origin == "operator" and b'"alice"' in made.body
+    text = operator_response({"body": "paid"}, record, "alice")
+    assert text.body == b"paid" and text.headers == ()
+
+
+# -- the listing -----------------------------------------------------------------------
+
+
+async def test_listing_filters_by_state_route_and_age(admin_for: Callable[..., Any]) -> None:
+    api: Admin = await admin_for()
+    seeded = {
+        state: await api.seed(state)
+        for state in (State.IN_FLIGHT, State.UNRESOLVED, State.PARKED, State.CLAIMED)
+    }
+    other = await api.seed(State.PARKED, route=OTHER)
+    await api.seed(State.COMPLETED)
+
+    async def listed(**params: str) -> list[str]:
+        answer = await api.http.get("/admin/keys", params=params)
+        assert answer.status_code == 200, answer.text
+        doc = answer.json()
+        assert doc["count"] == len(doc["keys"])
+        return [row["key"] for row in doc["keys"]]
+
+    key = {state: ref.key for state, ref in seeded.items()}
+    default = {key[State.UNRESOLVED], key[State.PARKED], key[State.CLAIMED], other.key}
+    assert set(await listed()) == default
+    assert await listed(state="in_flight") == [key[State.IN_FLIGHT]]
+    assert set(await listed(state="parked,claimed", route=ROUTE)) == {
+        key[State.PARKED],
+        key[State.CLAIMED],
+    }
+    assert await listed(route=OTHER) == [other.key]
+    assert await listed(route="no-such-route") == []
+    assert await listed(older_than="1h") == []
+    assert set(await listed(older_than="1ms")) == default
+    rows = (await api.http.get("/admin/keys", params={"state": "in_flight,parked"})).json()
+    ages = [row["state_age_seconds"] for row in rows["keys"]]
+    assert len(ages) == 3 and ages == sorted(ages, reverse=True)  # the oldest first
+
+
+async def test_a_listing_row_is_the_records_json_in_short(admin_for: Callable[..., Any]) -> None:
+    api: Admin = await admin_for()
+    held, parked = await api.seed(State.CLAIMED), await api.seed(State.PARKED)
+    rows = {row["key"]: row for row in (await api.http.get("/admin/keys")).json()["keys"]}
+    for ref, holder in ((held, "alice"), (parked, None)):
+        record = await api.record(ref)
+        doc = record.to_json()
+        row = rows[ref.key]
+        assert set(row) == {
+            "route",
+            "key",
+            "digest",
+            "state",
+            "age_seconds",
+            "state_age_seconds",
+            "run_id",
+            "reason",
+            "last_reconcile",
+            "holder",
+            "holder_since_ms",
+        }
+        for name in ("route", "key", "digest", "state", "run_id"):
+            assert row[name] == doc[name] == summary(record)[name]
+        assert row["reason"] == record.reason == "upstream timed out"
+        assert row["holder"] == holder and row["last_reconcile"] is None
+        assert row["holder_since_ms"] == (record.holder_since_ms if holder else None)
+
+
+@MEMORY
+async def test_bad_listing_filters_name_the_filter(admin_for: Callable[..., Any]) -> None:
+    api: Admin = await admin_for()
+    state = await api.http.get("/admin/keys", params={"state": "parked,completed"})
+    assert_problem(state, BadFilter, field="state")
+    assert "'completed'" in state.json()["detail"] and "in_flight" in state.json()["detail"]
+    age = await api.http.get("/admin/keys", params={"older_than": "a while"})
+    assert_problem(age, BadFilter, field="older_than")
+    assert age.json()["detail"].startswith("older_than is not a duration")
+
+
+# -- health, readiness, metrics --------------------------------------------------------
+
+
+async def test_healthz_readyz_and_metrics_need_no_token(admin_for: Callable[..., Any]) -> None:
+    api: Admin = await admin_for()
+    await api.seed(State.PARKED)
+    async with api.anonymous() as client:
+        health = await client.get("/healthz")
+        ready = await client.get("/readyz")
+        scrape = await client.get("/metrics")
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["ready"] is True
+    assert ready.json()["checks"] == {"config": "loaded", "store": "ok", "store_eviction": "ok"}
+    assert set(ready.json()["store"]) == {"maxmemory_policy", "aof"}
+    assert scrape.status_code == 200 and scrape.headers["content-type"].startswith("text/plain")
+    assert f'idempotency_gateway_keys{{route="{ROUTE}",state="parked"}} 1.0' in scrape.text
+
+
+@MEMORY
+async def test_readyz_is_503_until_the_gateway_started(make_store: Callable[[], Store]) -> None:
+    gateway = Gateway(config_for(NOWHERE, ROUTES), store=make_store(), sweep=False)
+    app = create_admin_app(gateway)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a") as c:
+        ready = await c.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.json() == {
+        "ready": False,
+        "checks": {"config": "loaded", "store": "not started"},
+    }
+
+
+# -- a real Redis that goes away -------------------------------------------------------
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.redis
+@MEMORY  # the gateway's store is the RedisStore below, on a server this test stops
+async def test_a_store_that_went_down_is_503_for_operators_and_readiness(
+    admin_for: Callable[..., Any], own_redis: RedisServer
+) -> None:
+    store = RedisStore(
+        StoreConfig(
+            url=own_redis.url, prefix=unique("t") + ":", socket_timeout=1, connect_timeout=1
+        )
+    )
+    api: Admin = await admin_for(store=store)
+    ref = await api.seed(State.PARKED)
+    assert (await api.http.get(path(ref))).status_code == 200
+    own_redis.stop()
+    for answer in (
+        await api.http.get("/admin/keys"),
+        await api.http.get(path(ref)),
+        await api.http.post(path(ref, "claim"), json={"operator": "alice"}),
+    ):
+        assert answer.status_code == 503, answer.text
+        assert answer.headers["content-type"] == "application/problem+json"
+        assert answer.json()["type"] == PROBLEM_BASE + "store-unavailable"
+    ready = await api.http.get("/readyz")
+    assert ready.status_code == 503 and ready.json()["ready"] is False
+    assert ready.json()["checks"]["store"] != "ok"
+    # Still answered while the store is away: health and a scrape (store_up says 0).
+    assert (await api.http.get("/healthz")).status_code == 200
+    assert "idempotency_gateway_store_up 0.0" in (await api.http.get("/metrics")).text
+
+
+# -- each handler on its own -----------------------------------------------------------
+
+
+HANDLERS = {
+    "healthz": ("GET", "/healthz", admin.healthz, 200),
+    "readyz": ("GET", "/readyz", admin.readyz, 200),
+    "metrics": ("GET", "/metrics", admin.metrics, 200),
+    "list_keys": ("GET", "/admin/keys", admin.list_keys, 200),
+    "show_key": ("GET", "/admin/keys/{route}/{key:path}", admin.show_key, 200),
+    "claim_key": ("POST", "/admin/keys/{route}/{key:path}", admin.claim_key, 200),
+    "resolve_key": ("POST", "/admin/keys/{route}/{key:path}", admin.resolve_key, 409),
+}
+
+
+@MEMORY
+@pytest.mark.parametrize("name", HANDLERS)
+async def test_each_handler_runs_on_its_own(admin_for: Callable[..., Any], name: str) -> None:
+    """A handler needs only `app.state.gateway`, and refusals the problem renderer:
+    not create_admin_app (bob resolves alice's key: NotTheHolder, 409)."""
+    api: Admin = await admin_for()
+    method, template, handler, status = HANDLERS[name]
+    app = Starlette(
+        routes=[Route(template, handler, methods=[method])],
+        exception_handlers={ProblemError: problem_response},
+    )
+    app.state.gateway = api.gateway
+    ref = await api.seed(State.CLAIMED if name == "resolve_key" else State.PARKED)
+    url = template.replace("{route}", ref.route).replace("{key:path}", ref.key)
+    body = {"operator": "bob", "outcome": "retry"} if method == "POST" else None
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://a",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    ) as client:
+        answer = await client.request(method, url, json=body)
+    assert answer.status_code == status, answer.text
