@@ -47,7 +47,7 @@ MUTANTS = [
         new="        pass\n",
         tests=(
             H + "test_operator_response_is_validated",
-            "tests/test_admin.py::test_bad_bodies_are_refused_with_their_own_type[memory-bad-response]",
+            "tests/test_admin.py::test_bad_bodies_are_refused_with_their_own_type[bad-response-memory]",
         ),
         breaks="an operator's Content-Length or CR/LF header is stored and replayed",
     ),
