@@ -602,7 +602,8 @@ async def test_readyz_is_503_until_the_gateway_started(make_store: Callable[[], 
 
 @pytest.fixture
 def own_redis() -> Iterator[RedisServer]:
-    server = RedisServer().start()
+    server = RedisServer()
+    server.start()
     yield server
     server.stop()
 
