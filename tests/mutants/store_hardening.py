@@ -58,7 +58,7 @@ MUTANTS = [
     ),
     Mutant(
         name="cluster-info-first-master-only",
-        path="gateway/store/redis.py",
+        path="gateway/store/redis_info.py",
         old="found = reduce(StoreInfo.worse, masters)",
         new="found = masters[0]",
         tests=(S + "test_a_cluster_reports_its_worst_master",),
