@@ -19,74 +19,61 @@ when it ends, by a task of its own, exactly as it would be for a body read whole
 complete (headers only, body_omitted), release for a status not cached, unresolved
 when it is cut off. The caller going away does not change that: the body is read to
 its end for the key.
+
+Beside it, without decisions of their own: replay.py (what a stored response keeps
+and a replay carries), refusals.py (the problems' words) and outbound.py (the request
+the upstream gets, and its metrics).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import secrets
-import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from gateway.config import Config, Route
 from gateway.errors import (
-    FingerprintMismatch,
-    KeyConflict,
     MissingKey,
     NotSent,
     OutcomeLost,
-    OutcomePending,
     OutcomeUnknown,
     ProblemError,
-    ResponseUnreadable,
     StoreError,
     StoreUnavailable,
     UpstreamFailed,
 )
 from gateway.keys import RequestParts, extract_key, fingerprint, record_digest, scope_value
 from gateway.logs import current_trace
-from gateway.metrics import Metrics, RouteMetrics
+from gateway.metrics import Metrics
+from gateway.outbound import Origin as Origin  # app imports it from here
+from gateway.outbound import forward
 from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredResponse
+from gateway.refusals import (
+    fingerprint_mismatch,
+    in_flight_conflict,
+    missing_key_detail,
+    open_conflict,
+    unreadable,
+    upstream_status,
+)
+from gateway.replay import NEVER_STORED as NEVER_STORED  # admin imports them from here
+from gateway.replay import REPLAY_HEADERS as REPLAY_HEADERS
+from gateway.replay import replay_headers, to_store
 from gateway.routes import RouteMatch
 
 if TYPE_CHECKING:
     from gateway.reconcile import Reconciler
 from gateway.store.base import EXPIRED_POLICY, Store
-from gateway.upstream import (
-    HOP_BY_HOP,
-    NO_PROXIES,
-    BodyStream,
-    ResponseBudget,
-    TrustedProxies,
-    Upstream,
-    UpstreamResponse,
-    forwarded_headers,
-)
+from gateway.upstream import BodyStream, ResponseBudget, Upstream, UpstreamResponse
 
 log = logging.getLogger("gateway.engine")
 
 #: A shared read that failed: each sharer asks the store itself.
 _RETRY = object()
-
-#: Headers a stored response never keeps: per-caller state must not be replayed.
-NEVER_STORED = frozenset({"set-cookie", "set-cookie2"})
-
-#: Headers the gateway adds to a replay itself.
-REPLAY_HEADERS = frozenset(
-    {"idempotent-replayed", "idempotent-body-omitted", "idempotent-resolved-by"}
-)
-
-#: What a replay never takes from a stored response, whoever wrote it (an older
-#: version, an operator, someone with write access to the store): framing and
-#: hop-by-hop headers (the replay is framed by this hop, for this caller), per-caller
-#: state, and the headers a replay gets from the gateway.
-_NOT_REPLAYED = HOP_BY_HOP | NEVER_STORED | REPLAY_HEADERS
 
 
 @dataclass(slots=True)  # not frozen, for the same reason as UpstreamResponse
@@ -100,15 +87,6 @@ class Reply:
     rest: BodyStream | None = None
     #: for a key's streamed body: the task that settles the key once the body ends
     settling: asyncio.Task[None] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Origin:
-    """Where the request came from, for X-Forwarded-* and Forwarded."""
-
-    client: str | None  # the immediate peer's address
-    scheme: str
-    proxies: TrustedProxies = NO_PROXIES  # server.trusted_proxies
 
 
 @dataclass(slots=True)
@@ -171,7 +149,7 @@ class Engine:
         if key is None:
             if route.key.on_missing == "reject":
                 self._count(route, "missing_key")
-                raise MissingKey(_missing_detail(route), route=route.name)
+                raise MissingKey(missing_key_detail(route), route=route.name)
             self._count(route, "missing_key_forwarded")
             return await self._passthrough(route, parts, origin, None)
         trace = current_trace.get()
@@ -356,7 +334,7 @@ class Engine:
                     "not resend it blind.",
                     route=route.name,
                     key=ref.key,
-                    **_upstream_status(exc),
+                    **upstream_status(exc),
                 ) from exc
             if response.rest is not None:
                 # The caller gets the body as it arrives; its end decides the key.
@@ -423,7 +401,7 @@ class Engine:
             await self._release(route, ref, run_id, f"upstream answered {response.status}")
             self._count(route, "upstream_error")
             return None
-        stored = self._to_store(route, response)
+        stored = to_store(route, response)
         await self._settle(
             self.store.complete(ref, run_id, stored, route.response_ttl), ref, "complete"
         )
@@ -469,41 +447,10 @@ class Engine:
         *,
         settles: bool = False,
     ) -> UpstreamResponse:
-        """`settles`: the body's end decides a key, so it is read to its end even if
-        the caller goes away."""
-        headers = forwarded_headers(parts.headers, origin.client, origin.scheme, origin.proxies)
-        if key is not None and route.forward_key_header:
-            name = route.forward_key_header.lower()
-            headers = [(n, v) for n, v in headers if n != name]
-            headers.append((route.forward_key_header, _header_safe(key)))
-        url = route.upstream + parts.path + ("?" + parts.query if parts.query else "")
         metrics = self.metrics.for_route(route.name)
-        metrics.in_flight.inc()
-        started = time.perf_counter()
-        response: UpstreamResponse | None = None
-        try:
-            response = await self.upstream.forward(
-                parts.method,
-                url,
-                headers,
-                parts.body,
-                route.upstream_timeout,
-                route.max_response_body,
-                self.budget,  # budget, whole_up_to, read_to_end (positional: per request)
-                route.max_stored_body,
-                settles,
-            )
-        finally:
-            if response is None or response.rest is None:
-                _answered(metrics, started)
-            else:  # a streamed answer is complete at its end
-                response.rest.when_done(functools.partial(_answered, metrics, started))
-        trace = current_trace.get()
-        if trace is not None:
-            trace.upstream_status = response.status
-        if response.status < 500:
-            metrics.last_success.set(time.time())
-        return response
+        return await forward(
+            self.upstream, self.budget, metrics, route, parts, origin, key, settles
+        )
 
     async def _passthrough(
         self, route: Route, parts: RequestParts, origin: Origin, key: str | None
@@ -513,56 +460,23 @@ class Engine:
         except NotSent as exc:
             raise UpstreamFailed(exc.reason, route=route.name) from exc
         except OutcomeLost as exc:
-            raise OutcomeUnknown(exc.reason, route=route.name, **_upstream_status(exc)) from exc
+            raise OutcomeUnknown(exc.reason, route=route.name, **upstream_status(exc)) from exc
         return Reply(response.status, response.headers, response.body, response.held, response.rest)
-
-    def _to_store(self, route: Route, response: UpstreamResponse) -> StoredResponse:
-        headers = tuple(
-            (n, v)
-            for n, v in response.headers
-            if n not in NEVER_STORED and n not in route.strip_headers
-        )
-        if response.rest is not None or len(response.body) > route.max_stored_body:
-            return StoredResponse(response.status, headers, b"", body_omitted=True)
-        return StoredResponse(response.status, headers, response.body)
 
     def _replay(self, route: Route, stored: StoredResponse, outcome: str) -> Reply:
         self._count(route, outcome)
-        headers = _replayable(stored.headers)
-        headers.append(("idempotent-replayed", "true"))
-        if stored.body_omitted:
-            headers.append(("idempotent-body-omitted", "true"))
-            headers = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
-        if stored.origin != "upstream":
-            headers.append(("idempotent-resolved-by", stored.origin))
-        return Reply(stored.status, tuple(headers), stored.body)
+        return Reply(stored.status, replay_headers(stored), stored.body)
 
     def _check_fingerprint(self, route: Route, ref: KeyRef, stored: str, fp: str) -> None:
         if stored != fp:
             self._count(route, "mismatch")
-            raise FingerprintMismatch(
-                "The first request with this key had a different method, path, query or "
-                "body. Use a new key for a different request.",
-                route=route.name,
-                key=ref.key,
-            )
+            raise fingerprint_mismatch(route, ref)
 
     def _conflict(
         self, route: Route, ref: KeyRef, state: str, *, waited: bool = False
     ) -> ProblemError:
         self._count(route, "conflict")
-        detail = (
-            f"Waited {route.wait_timeout:g}s for the first request with this key to finish."
-            if waited
-            else "The first request with this key is still being processed."
-        )
-        return KeyConflict(
-            detail + " Retry later to get its response.",
-            route=route.name,
-            key=ref.key,
-            state=state,
-            headers={"Retry-After": str(max(1, round(min(route.upstream_timeout, 30))))},
-        )
+        return in_flight_conflict(route, ref, state, waited=waited)
 
     def _unreadable(self, route: Route, ref: KeyRef, record: Record) -> ProblemError:
         """The work ran and its response is stored, but this gateway cannot read it:
@@ -575,70 +489,8 @@ class Engine:
             ref.digest,
             record.unreadable,
         )
-        return ResponseUnreadable(
-            f"The request with this key ran and its response is stored, but {record.unreadable}. "
-            "It was not run again and the record is kept. If its key was rotated out too "
-            "early, add the key back to store.previous_encryption_keys and restart the "
-            "gateway; otherwise repeats get this answer until the record expires (the "
-            "route's response_ttl).",
-            route=route.name,
-            key=ref.key,
-        )
+        return unreadable(route, ref, record)
 
     def _open_conflict(self, route: Route, ref: KeyRef, record: Record) -> ProblemError:
         self._count(route, "conflict")
-        what = {
-            State.UNRESOLVED: "The outcome of the first request with this key is unknown; "
-            "the gateway will not resend it until it is checked.",
-            State.PARKED: "The outcome of the first request with this key is unknown and "
-            "waits for an operator.",
-            State.CLAIMED: f"An operator ({record.holder}) is reviewing the first request "
-            "with this key.",
-        }[record.state]
-        return OutcomePending(
-            what,
-            route=route.name,
-            key=ref.key,
-            state=str(record.state),
-            headers={"Retry-After": "60"},
-        )
-
-
-def _replayable(stored: tuple[tuple[str, str], ...]) -> list[tuple[str, str]]:
-    """The stored headers a replay carries. One pass over a handful of headers; the
-    second only for a stored Connection header, which names more of them."""
-    named: set[str] = set()
-    headers = []
-    for name, value in stored:
-        lowered = name.lower()
-        if lowered not in _NOT_REPLAYED:
-            headers.append((name, value))
-        elif lowered == "connection":
-            named.update(token.strip().lower() for token in value.split(","))
-    if named:
-        headers = [(n, v) for n, v in headers if n.lower() not in named]
-    return headers
-
-
-def _answered(metrics: RouteMetrics, started: float) -> None:
-    metrics.upstream_duration.observe(time.perf_counter() - started)
-    metrics.in_flight.dec()
-
-
-def _missing_detail(route: Route) -> str:
-    assert route.key is not None
-    names = ", ".join(
-        f"{s.kind} {s.name}".strip() if s.kind != "hash" else "hash" for s in route.key.sources
-    )
-    return f"Route {route.name!r} reads its idempotency key from: {names}."
-
-
-def _upstream_status(exc: OutcomeLost) -> dict[str, Any]:
-    """The status the upstream sent before its answer was lost, for the problem body."""
-    return {} if exc.status is None else {"upstream_status": exc.status}
-
-
-def _header_safe(key: str) -> str:
-    if key.isascii() and key.isprintable():
-        return key
-    return quote(key, safe="")
+        return open_conflict(route, ref, record)

@@ -2,7 +2,7 @@
 
 Layout, for a prefix `idem:` and a record digest `d` in bucket `b` (0..BUCKETS-1):
 
-    idem:{b}:d               hash: the record (fields in _FIELDS)
+    idem:{b}:d               hash: the record (its fields: FIELDS in redis_record.py)
     idem:{b}:i:in_flight     zset: in-flight members by lease deadline (the sweep's work list)
     idem:{b}:i:unresolved    zset: members by the time they entered the state; likewise
     idem:{b}:i:parked              for parked and claimed: listings and age metrics read
@@ -15,6 +15,10 @@ A member is `digest/route`. Everything a script touches shares the `{b}` hash ta
 so the scripts run unchanged on Redis Cluster, and a bucket's indexes can be read
 without scanning the keyspace. User keys never appear in Redis names: a key such as
 `../*{x}` is hashed into the digest, so it cannot reach another record.
+
+Beside it: redis_topology.py (connecting to one server, Sentinel or Cluster),
+redis_record.py (the record's fields and reading them), redis_info.py (INFO and
+the warnings about eviction and AOF).
 """
 
 from __future__ import annotations
@@ -23,29 +27,23 @@ import asyncio
 import json
 import logging
 import secrets
-import ssl
 import time
 from collections.abc import Awaitable, Callable
-from functools import partial, reduce
 from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import SSLConnection, parse_url
-from redis.asyncio.sentinel import Sentinel
-from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
+from redis.exceptions import RedisError
 
-from gateway.config import StoreConfig, TLSConfig
+from gateway.config import StoreConfig
 from gateway.errors import StoreError
 from gateway.records import KeyRef, Record, State, StoredResponse
 from gateway.store.base import ExpiredPolicy, OperatorResult, Store, StoreInfo, codec_for
-from gateway.store.resp import Endpoint, RespConnection, RespConnectionError, RespError
+from gateway.store.redis_info import read_info, report
+from gateway.store.redis_record import decode_record, text
+from gateway.store.redis_topology import client_for, describe, script_endpoint
+from gateway.store.resp import RespConnection, RespConnectionError, RespError
 
 log = logging.getLogger("gateway.store")
 
@@ -73,129 +71,15 @@ def _script_source(name: str) -> str:
     return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
-def _client(config: StoreConfig) -> tuple[Any, dict[str, Any]]:
-    """A redis-py asyncio client for the configured topology, and the connection
-    settings it was made with (for the per-shard subscribers of a cluster)."""
-    common: dict[str, Any] = {
-        "decode_responses": False,
-        "socket_timeout": config.socket_timeout,
-        "socket_connect_timeout": config.connect_timeout,
-        # One retry on a timeout or a dropped connection: every script is safe to
-        # run twice, and socket_timeout bounds each try, so a hung Redis costs a
-        # request at most about 2 x socket_timeout.
-        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=1),
-        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
-    }
-    if config.username:
-        common["username"] = config.username
-    if config.password:
-        common["password"] = config.password
-    if config.tls is not None:
-        tls = config.tls
-        common.update(
-            ssl_cert_reqs="required" if tls.verify else "none",
-            ssl_check_hostname=tls.verify,
-        )
-        if tls.ca_file:
-            common["ssl_ca_certs"] = tls.ca_file
-        if tls.cert_file:
-            common.update(ssl_certfile=tls.cert_file, ssl_keyfile=tls.key_file)
-    if config.kind == "sentinel":
-        sentinel_auth = {"password": config.sentinel_password} if config.sentinel_password else {}
-        ssl = {"ssl": True} if config.tls is not None else {}
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            list(config.sentinel_nodes),
-            sentinel_kwargs={
-                "socket_timeout": config.socket_timeout,
-                "socket_connect_timeout": config.connect_timeout,
-                **sentinel_auth,
-            },
-            **common,
-            **ssl,
-        )
-        # The pool asks the sentinels for the master on every new connection, so a
-        # failover is followed without a restart.
-        master = sentinel.master_for(config.sentinel_master, max_connections=config.max_connections)
-        return master, common
-    if config.kind == "cluster":
-        cluster = RedisCluster(
-            startup_nodes=[ClusterNode(host, port) for host, port in config.cluster_nodes],
-            max_connections=config.max_connections,
-            ssl=config.tls is not None,
-            **common,
-        )
-        return cluster, {**common, "ssl": config.tls is not None}
-    # A bounded pool that queues for a free connection instead of failing, so a
-    # burst of requests cannot open a connection each.
-    pool = aioredis.BlockingConnectionPool.from_url(
-        config.url,
-        max_connections=config.max_connections,
-        timeout=config.socket_timeout * 2,
-        health_check_interval=30,
-        **common,
-    )
-    return aioredis.Redis.from_pool(pool), common  # owns the pool: aclose() closes it
-
-
-def _ssl_context(tls: TLSConfig | None) -> ssl.SSLContext:
-    ca_file = tls.ca_file if tls is not None and tls.ca_file else None
-    context = ssl.create_default_context(cafile=ca_file)
-    if tls is not None:
-        if not tls.verify:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        if tls.cert_file:
-            context.load_cert_chain(tls.cert_file, tls.key_file or None)
-    return context
-
-
-def _locator(config: StoreConfig, client: Any) -> Callable[[], Awaitable[Endpoint]]:
-    """Where the scripts' connection goes: the URL's server, or the master the
-    sentinels name at the time of each connect."""
-    if config.kind == "sentinel":
-        tls = _ssl_context(config.tls) if config.tls is not None else None
-
-        async def master() -> Endpoint:
-            try:
-                host, port = await client.connection_pool.get_master_address()
-            except RedisError as exc:
-                raise RespConnectionError(f"no master from the sentinels: {exc}") from None
-            return Endpoint(
-                host=host,
-                port=int(port),
-                ssl=tls,
-                username=config.username,
-                password=config.password,
-            )
-
-        return master
-    url = parse_url(config.url)
-    secure = url.get("connection_class") is SSLConnection or config.tls is not None
-    endpoint = Endpoint(
-        host=url.get("host", ""),
-        port=int(url.get("port") or 6379),
-        path=url.get("path", ""),
-        ssl=_ssl_context(config.tls) if secure else None,
-        username=url.get("username") or config.username,
-        password=url.get("password") or config.password,
-        db=int(url.get("db") or 0),
-    )
-
-    async def fixed() -> Endpoint:
-        return endpoint
-
-    return fixed
-
-
 class RedisStore(Store):
     def __init__(self, config: StoreConfig) -> None:
         super().__init__(codec_for(config))
         self.allow_eviction = config.allow_eviction
         self._info_seen: StoreInfo | None = None
-        self._source = _where(config)
+        self._source = describe(config)
         self.prefix = config.prefix
         self.cluster = config.kind == "cluster"
-        self.client, self._connection_kwargs = _client(config)
+        self.client, self._connection_kwargs = client_for(config)
         self.wait_for_replicas = config.wait_for_replicas
         self.replica_timeout_ms = max(1, int(config.socket_timeout * 1000))
         self._scripts: dict[str, AsyncScript] = {
@@ -217,7 +101,7 @@ class RedisStore(Store):
         self._pipe: RespConnection | None = None
         if not self.cluster and not self.wait_for_replicas:
             self._pipe = RespConnection(
-                _locator(config, self.client),
+                script_endpoint(config, self.client),
                 timeout=config.socket_timeout,
                 connect_timeout=config.connect_timeout,
             )
@@ -313,45 +197,11 @@ class RedisStore(Store):
             raise StoreError(f"redis unreachable: {exc}") from exc
 
     async def info(self) -> StoreInfo:
-        try:
-            if self.cluster:
-                await self.client.initialize()
-                masters = [
-                    await _server_info(partial(self.client.info, target_nodes=node), node.name)
-                    for node in self.client.get_primaries()
-                ]
-                if not masters:
-                    raise StoreError("redis INFO failed: the cluster names no master")
-                found = reduce(StoreInfo.worse, masters)
-            else:
-                # Sentinel: the master, which the client connects to.
-                found = await _server_info(self.client.info, self._source)
-        except RedisError as exc:
-            raise StoreError(f"redis INFO failed: {exc}") from exc
-        if found != self._info_seen:
+        found = await read_info(self.client, self.cluster, self._source)
+        if found != self._info_seen:  # say it once, not on every readiness probe
             self._info_seen = found
-            self._report(found)
+            report(found, self.allow_eviction)
         return found
-
-    def _report(self, info: StoreInfo) -> None:
-        refusal = info.refusal(self.allow_eviction)
-        if refusal:
-            log.error("%s. Until then /readyz answers 503.", refusal)
-        where = f" at {info.source}" if info.source else ""
-        if not refusal and info.evicts:
-            log.warning(
-                "Redis%s has maxmemory-policy %s: records may be evicted and their keys "
-                "run again; allowed by store.allow_eviction",
-                where,
-                info.maxmemory_policy,
-            )
-        if info.aof == "no":
-            log.warning(
-                "Redis%s has appendonly no: a restart loses the records written since its "
-                "last snapshot, and their keys run again. Run it with appendonly yes and "
-                "appendfsync always (docs/reliability.md)",
-                where,
-            )
 
     async def check_reset(self) -> int:
         token = f"{secrets.token_hex(8)} {time.time():.0f}".encode()
@@ -386,7 +236,7 @@ class RedisStore(Store):
             reply = await self._run("claim", ref, *args)
         if reply[0] == 1:
             return None
-        return _record(self, ref.digest, int(reply[1]), reply[2:])
+        return decode_record(self, ref.digest, int(reply[1]), reply[2:])
 
     async def _claim_replicated(self, ref: KeyRef, args: tuple[Any, ...]) -> Any:
         """Claim, then WAIT on the same connection until replicas hold the claim.
@@ -448,7 +298,7 @@ class RedisStore(Store):
             raise StoreError(f"redis read failed: {exc}") from exc
         now = seconds * 1000 + micros // 1000
         return [
-            _record(self, digest, now, [x for pair in fields.items() for x in pair])
+            decode_record(self, digest, now, [x for pair in fields.items() for x in pair])
             if fields
             else None
             for digest, fields in zip(digests, replies, strict=True)
@@ -483,7 +333,7 @@ class RedisStore(Store):
             ref = KeyRef(digest, route, "")
             after = await self._run("expire", ref, policy(route))
             if after:
-                changed.append((ref, _text(after)))
+                changed.append((ref, text(after)))
         return changed
 
     async def begin_check(self, ref: KeyRef, run_id: str, lock: float, min_interval: float) -> bool:
@@ -512,7 +362,7 @@ class RedisStore(Store):
             _ms(ttl),
             _ms(park_after),
         )
-        return _text(after) if after else ""
+        return text(after) if after else ""
 
     async def park(self, ref: KeyRef, reason: str) -> bool:
         return bool(await self._run("park", ref, reason))
@@ -523,15 +373,15 @@ class RedisStore(Store):
             record = await self.get(ref)
             since = record.holder_since_ms if record is not None else 0
             return OperatorResult(True, state="claimed", holder=operator, holder_since_ms=since)
-        if _text(reply[1]) == "held":
+        if text(reply[1]) == "held":
             return OperatorResult(
                 False,
                 state="claimed",
                 refused="held",
-                holder=_text(reply[2]),
+                holder=text(reply[2]),
                 holder_since_ms=int(reply[3]),
             )
-        state = _text(reply[2])
+        state = text(reply[2])
         return OperatorResult(
             False, state=state, refused="missing" if state == "missing" else "state"
         )
@@ -548,8 +398,8 @@ class RedisStore(Store):
         body = self.codec.encode(ref.digest, response) if response is not None else b""
         reply = await self._run("op_resolve", ref, operator, outcome, note, body, _ms(ttl))
         if reply[0] == 1:
-            return OperatorResult(True, state=_text(reply[1]))
-        kind, value = _text(reply[1]), _text(reply[2])
+            return OperatorResult(True, state=text(reply[1]))
+        kind, value = text(reply[1]), text(reply[2])
         if kind == "holder":
             return OperatorResult(False, state="claimed", refused="holder", holder=value)
         return OperatorResult(
@@ -627,47 +477,12 @@ class RedisStore(Store):
         self.notifier.notify(digest, completed)
 
 
-async def _server_info(info: Callable[[str], Awaitable[Any]], source: str) -> StoreInfo:
-    """One server's eviction policy and AOF, from INFO (one section per call: Redis
-    before 7 takes one)."""
-    try:
-        memory = await info("memory")
-        persistence = await info("persistence")
-    except ResponseError as exc:  # e.g. NOPERM: the ACL does not allow INFO
-        return StoreInfo("unknown", "unknown", source=source, error=str(exc))
-    policy = memory.get("maxmemory_policy")
-    aof = persistence.get("aof_enabled")
-    return StoreInfo(
-        maxmemory_policy=_text(policy) if policy is not None else "unknown",
-        aof="unknown" if aof is None else "yes" if int(aof) else "no",
-        source=source,
-    )
-
-
 async def _bounded(closing: Awaitable[Any], what: str) -> None:
     try:
         async with asyncio.timeout(1):
             await closing
     except (TimeoutError, RedisError, OSError) as exc:
         log.warning("closing the redis %s did not finish cleanly: %r", what, exc)
-
-
-def _where(config: StoreConfig) -> str:
-    """The server, for messages: never the URL, which may hold a password."""
-    if config.kind == "sentinel":
-        return f"sentinel master {config.sentinel_master}"
-    if config.kind == "cluster":
-        return "cluster"
-    url = parse_url(config.url)
-    if url.get("path"):
-        return str(url["path"])
-    return f"{url.get('host', '')}:{url.get('port') or 6379}"
-
-
-def _text(value: bytes | str | None) -> str:
-    if value is None:
-        return ""
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _bucket(digest: str) -> int:
@@ -677,32 +492,3 @@ def _bucket(digest: str) -> int:
 
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
-
-
-def _record(store: Store, digest: str, now_ms: int, flat: list[Any]) -> Record:
-    fields: dict[bytes, bytes] = dict(zip(flat[::2], flat[1::2], strict=True))
-    raw = fields.get(b"resp")
-    response, unreadable = (None, "") if raw is None else store.read_response(digest, raw)
-    history: Any = json.loads(fields[b"h"]) if b"h" in fields else []
-    reconcile: Any = json.loads(fields[b"rc"]) if b"rc" in fields else {}
-    return Record(
-        digest=digest,
-        route=_text(fields.get(b"rt")),
-        key=_text(fields.get(b"k")),
-        state=State(_text(fields.get(b"s"))),
-        run_id=_text(fields.get(b"r")),
-        fingerprint=_text(fields.get(b"f")),
-        created_ms=int(fields.get(b"c", 0)),
-        now_ms=now_ms,
-        lease_until_ms=int(fields.get(b"l", 0)),
-        response=response,
-        unreadable=unreadable,
-        reason=_text(fields.get(b"why")),
-        since_ms=int(fields.get(b"u", 0)),
-        holder=_text(fields.get(b"op")),
-        holder_since_ms=int(fields.get(b"os", 0)),
-        check_lock_ms=int(fields.get(b"ck", 0)),
-        last_check_ms=int(fields.get(b"lc", 0)),
-        reconcile=reconcile if isinstance(reconcile, dict) else {},
-        history=tuple(history) if isinstance(history, list) else (),
-    )

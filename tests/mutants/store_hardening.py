@@ -34,9 +34,9 @@ MUTANTS = [
     ),
     Mutant(
         name="replay-keeps-stored-framing",
-        path="gateway/engine.py",
-        old="        headers = _replayable(stored.headers)\n",
-        new="        headers = list(stored.headers)\n",
+        path="gateway/replay.py",
+        old="    headers = _replayable(stored.headers)\n",
+        new="    headers = list(stored.headers)\n",
         tests=(H + "test_replay_drops_stored_framing_and_hop_by_hop_headers",),
         breaks="a stored Content-Length or Transfer-Encoding frames the replay wrongly",
     ),
@@ -61,7 +61,7 @@ MUTANTS = [
     ),
     Mutant(
         name="cluster-info-first-master-only",
-        path="gateway/store/redis.py",
+        path="gateway/store/redis_info.py",
         old="found = reduce(StoreInfo.worse, masters)",
         new="found = masters[0]",
         tests=(S + "test_a_cluster_reports_its_worst_master",),

@@ -225,7 +225,7 @@ MUTANTS = [
     ),
     Mutant(
         name="oversized-response-stored",
-        path="gateway/engine.py",
+        path="gateway/replay.py",
         old="if response.rest is not None or len(response.body) > route.max_stored_body:",
         new="if False:",
         tests=(f"{FAULTS}::test_response_larger_than_max_stored_body",),

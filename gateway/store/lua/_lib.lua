@@ -1,3 +1,4 @@
+-- The record's hash fields (s, r, l, resp, ...): see FIELDS in gateway/store/redis_record.py.
 -- Prepended to every script. The keys of one record share a hash tag:
 --   KEYS[1] the record, KEYS[2..5] the indexes of in_flight (by lease deadline),
 --   unresolved, parked and claimed members (by the time they entered the state).

@@ -1,3 +1,4 @@
+-- The record's hash fields (s, r, l, resp, ...): see FIELDS in gateway/store/redis_record.py.
 -- Take the right to check an unresolved record with the upstream: one check at a
 -- time per key across all replicas, and at most one per min_interval.
 -- ARGV: member, channel, run_id, lock_ms, min_interval_ms, token. Returns 1 if

@@ -1,3 +1,4 @@
+-- The record's hash fields (s, r, l, resp, ...): see FIELDS in gateway/store/redis_record.py.
 -- Record a check's answer and act on it. ARGV: member, channel, run_id, result
 -- ('done' | 'not_done' | 'inconclusive'), answer (JSON), response, ttl_ms,
 -- park_after_ms. Returns the record's state after it, or 0 if the run no longer

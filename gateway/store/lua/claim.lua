@@ -1,3 +1,4 @@
+-- The record's hash fields (s, r, l, resp, ...): see FIELDS in gateway/store/redis_record.py.
 -- Claim a free key for a run, or read what is there: one round trip.
 -- ARGV: member, channel, run_id, fingerprint, lease_ms, route, key, expired-lease policy
 -- Returns {1, now} when claimed, else {0, now, field, value, ...}.

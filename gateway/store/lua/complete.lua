@@ -1,3 +1,4 @@
+-- The record's hash fields (s, r, l, resp, ...): see FIELDS in gateway/store/redis_record.py.
 -- Store the response of the run that owns the key, in flight or unresolved (a late
 -- answer is still the answer). ARGV: member, channel, run_id, response, ttl_ms, origin.
 -- Returns 1 when the record is (now) completed by this run, else 0: nothing changes.

@@ -1,3 +1,4 @@
+-- The record's hash fields (s, r, l, resp, ...): see FIELDS in gateway/store/redis_record.py.
 -- The sweep: an in_flight record whose lease has run out becomes open per policy.
 -- ARGV: member, channel, policy. Returns the new state, or 0 if the lease holds.
 local now = now_ms()

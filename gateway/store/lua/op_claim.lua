@@ -1,3 +1,4 @@
+-- The record's hash fields (s, r, l, resp, ...): see FIELDS in gateway/store/redis_record.py.
 -- An operator takes an open record. ARGV: member, channel, operator, force ('1'/'0').
 -- Returns {1} | {0, 'held', holder, since_ms} | {0, 'state', state}.
 local state = redis.call('HGET', R, 's')

@@ -1,3 +1,4 @@
+-- The record's hash fields (s, r, l, resp, ...): see FIELDS in gateway/store/redis_record.py.
 -- The operator holding a record decides. ARGV: member, channel, operator, outcome
 -- ('done' | 'retry'), note, response, ttl_ms.
 -- Returns {1, new_state} | {0, 'holder', holder} | {0, 'state', state}.

@@ -1,3 +1,4 @@
+-- The record's hash fields (s, r, l, resp, ...): see FIELDS in gateway/store/redis_record.py.
 -- Hand an unresolved record to a person. ARGV: member, channel, reason.
 local state = redis.call('HGET', R, 's')
 if state ~= 'unresolved' then return 0 end

@@ -1,3 +1,4 @@
+-- The record's hash fields (s, r, l, resp, ...): see FIELDS in gateway/store/redis_record.py.
 -- Free the key of the run that owns it, in flight: the request was never sent, or
 -- its status is not cached. ARGV: member, channel, run_id, ttl_ms, reason.
 -- Returns 1 when released (or already gone), 0 when someone else holds it.

@@ -1,3 +1,4 @@
+-- The record's hash fields (s, r, l, resp, ...): see FIELDS in gateway/store/redis_record.py.
 -- The run that owns the key sent the request and lost the answer.
 -- ARGV: member, channel, run_id, reason, target ('unresolved' or 'parked').
 -- Returns 1 when the record is (now) open for this reason, 0 otherwise.

@@ -1,0 +1,92 @@
+"""The request a keyed or passthrough route sends its upstream, and how each is measured.
+
+The engine decides whether a request goes out; this builds what the upstream gets (the
+route's URL, X-Forwarded-* and Forwarded, the key header) and keeps the route's
+upstream metrics (in flight, duration, last success) and the trace's upstream status.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from gateway.config import Route
+from gateway.keys import RequestParts
+from gateway.logs import current_trace
+from gateway.metrics import RouteMetrics
+from gateway.upstream import (
+    NO_PROXIES,
+    ResponseBudget,
+    TrustedProxies,
+    Upstream,
+    UpstreamResponse,
+    forwarded_headers,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where the request came from, for X-Forwarded-* and Forwarded."""
+
+    client: str | None  # the immediate peer's address
+    scheme: str
+    proxies: TrustedProxies = NO_PROXIES  # server.trusted_proxies
+
+
+async def forward(
+    upstream: Upstream,
+    budget: ResponseBudget,
+    metrics: RouteMetrics,
+    route: Route,
+    parts: RequestParts,
+    origin: Origin,
+    key: str | None,
+    settles: bool,
+) -> UpstreamResponse:
+    """`settles`: the body's end decides a key, so it is read to its end even if
+    the caller goes away."""
+    headers = forwarded_headers(parts.headers, origin.client, origin.scheme, origin.proxies)
+    if key is not None and route.forward_key_header:
+        name = route.forward_key_header.lower()
+        headers = [(n, v) for n, v in headers if n != name]
+        headers.append((route.forward_key_header, _header_safe(key)))
+    url = route.upstream + parts.path + ("?" + parts.query if parts.query else "")
+    metrics.in_flight.inc()
+    started = time.perf_counter()
+    response: UpstreamResponse | None = None
+    try:
+        response = await upstream.forward(
+            parts.method,
+            url,
+            headers,
+            parts.body,
+            route.upstream_timeout,
+            route.max_response_body,
+            budget,  # budget, whole_up_to, read_to_end (positional: per request)
+            route.max_stored_body,
+            settles,
+        )
+    finally:
+        if response is None or response.rest is None:
+            _answered(metrics, started)
+        else:  # a streamed answer is complete at its end
+            response.rest.when_done(functools.partial(_answered, metrics, started))
+    trace = current_trace.get()
+    if trace is not None:
+        trace.upstream_status = response.status
+    if response.status < 500:
+        metrics.last_success.set(time.time())
+    return response
+
+
+def _answered(metrics: RouteMetrics, started: float) -> None:
+    metrics.upstream_duration.observe(time.perf_counter() - started)
+    metrics.in_flight.dec()
+
+
+def _header_safe(key: str) -> str:
+    if key.isascii() and key.isprintable():
+        return key
+    return quote(key, safe="")

@@ -1,0 +1,144 @@
+"""The Redis record: the legend of its hash fields (FIELDS), and reading one into a Record.
+
+A record is one hash, `{prefix}{bucket}:{digest}` (see store/redis.py), written only by
+the Lua scripts in store/lua/, whose comments point here. Names are a letter or two
+because every request writes them. Times are integer milliseconds on the store's clock
+(`TIME`), never a gateway's. tests/test_redis_record.py checks that the field names the
+scripts use and FIELDS are the same, and who writes each.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.records import Record, State
+from gateway.store.base import Store
+
+Encoding = Literal["text", "state", "ms", "json list", "json object", "response", "flag"]
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    meaning: str
+    #: how the value is written (and read: see _DECODE)
+    encoding: Encoding
+    #: the scripts whose HSET writes it; `_lib` is the helpers every script starts with
+    written_by: tuple[str, ...]
+    #: the Record attribute it is read into; None for the scripts' own bookkeeping
+    attribute: str | None
+
+
+#: Every field of a record's hash, by its name in Redis.
+FIELDS: dict[str, Field] = {
+    "s": Field(
+        "state: in_flight, completed, released, unresolved, parked or claimed; moved by "
+        "_lib's move()",
+        "state",
+        ("_lib", "claim", "complete"),
+        "state",
+    ),
+    "u": Field(
+        "when it entered its current state", "ms", ("_lib", "claim", "complete"), "since_ms"
+    ),
+    "r": Field("run_id of the claim that owns the key", "text", ("claim",), "run_id"),
+    "f": Field(
+        "the request's fingerprint (a repeat must match it)", "text", ("claim",), "fingerprint"
+    ),
+    "c": Field("when the key was first claimed", "ms", ("claim",), "created_ms"),
+    "rt": Field("the route's name", "text", ("claim",), "route"),
+    "k": Field("the idempotency key, as the caller sent it", "text", ("claim",), "key"),
+    "l": Field(
+        "lease deadline of an in_flight run (the sweep's index score too); dropped when "
+        "the run settles or turns open",
+        "ms",
+        ("claim",),
+        "lease_until_ms",
+    ),
+    "w": Field(
+        "someone waits on an in_flight record: its changes are published (see _lib's notify)",
+        "flag",
+        ("claim",),
+        None,
+    ),
+    "resp": Field(
+        "the stored response: StoredResponse.encode(), sealed when encryption is on (store.codec)",
+        "response",
+        ("check_end", "complete", "op_resolve"),
+        "response",
+    ),
+    "why": Field("why the outcome is unknown (unresolved or parked)", "text", ("_lib",), "reason"),
+    "h": Field(
+        "the history: a list of events {at_ms, event, ...}, carried over a released "
+        "tombstone's next claim",
+        "json list",
+        ("_lib", "claim"),
+        "history",
+    ),
+    "ck": Field(
+        "a check of the upstream holds the record until then",
+        "ms",
+        ("check_begin",),
+        "check_lock_ms",
+    ),
+    "ckt": Field(
+        "the token of the call holding the check lock, so its retry recognises it",
+        "text",
+        ("check_begin",),
+        None,
+    ),
+    "lc": Field("when the last check began", "ms", ("check_begin",), "last_check_ms"),
+    "rc": Field(
+        "the last check's answer (result and the upstream's reply)",
+        "json object",
+        ("check_end",),
+        "reconcile",
+    ),
+    "op": Field("the operator holding a claimed record", "text", ("op_claim",), "holder"),
+    "os": Field("when that operator took it", "ms", ("op_claim",), "holder_since_ms"),
+}
+
+
+def text(value: bytes | str | None) -> str:
+    """A value Redis returned, as text ("" for none)."""
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _json_list(value: bytes | None) -> tuple[Any, ...]:
+    parsed: Any = json.loads(value) if value is not None else []
+    return tuple(parsed) if isinstance(parsed, list) else ()
+
+
+def _json_object(value: bytes | None) -> dict[str, Any]:
+    parsed: Any = json.loads(value) if value is not None else {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+#: A missing field reads as "", 0 or empty, as a Record's defaults are.
+_DECODE: dict[Encoding, Callable[[bytes | None], Any]] = {
+    "text": text,
+    "state": lambda value: State(text(value)),
+    "ms": lambda value: 0 if value is None else int(value),
+    "json list": _json_list,
+    "json object": _json_object,
+}
+
+#: (name, attribute, decode) of the fields read as they are; the response needs the store.
+_READ = tuple(
+    (name.encode(), field.attribute, _DECODE[field.encoding])
+    for name, field in FIELDS.items()
+    if field.attribute is not None and field.encoding != "response"
+)
+
+
+def decode_record(store: Store, digest: str, now_ms: int, flat: list[Any]) -> Record:
+    """The Record of hash `flat` (name, value, name, value, ... as HGETALL gives it)."""
+    fields: dict[bytes, bytes] = dict(zip(flat[::2], flat[1::2], strict=True))
+    raw = fields.get(b"resp")
+    response, unreadable = (None, "") if raw is None else store.read_response(digest, raw)
+    values = {attribute: decode(fields.get(name)) for name, attribute, decode in _READ}
+    return Record(digest=digest, now_ms=now_ms, response=response, unreadable=unreadable, **values)

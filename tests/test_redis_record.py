@@ -1,0 +1,143 @@
+"""The Redis record's field legend (gateway.store.redis_record.FIELDS) against the Lua
+scripts that write the fields and the decoder that reads them: neither can drift from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from importlib import resources
+
+import pytest
+
+from gateway.records import Record, State, StoredResponse
+from gateway.store.memory import MemoryStore
+from gateway.store.redis_record import FIELDS, decode_record
+
+LUA = resources.files("gateway.store") / "lua"
+SCRIPTS = sorted(p.name.removesuffix(".lua") for p in LUA.iterdir() if p.name.endswith(".lua"))
+HASH_COMMANDS = ("HSET", "HGET", "HMGET", "HDEL", "HEXISTS")
+#: commands on the record that name no field
+WHOLE_RECORD = ("HGETALL", "DEL", "PEXPIRE", "PERSIST")
+#: the Record attributes no hash field holds: given by the reader, or the response's
+NOT_FIELDS = {"digest", "now_ms", "unreadable"}
+
+
+def _calls(source: str) -> list[tuple[str, list[str]]]:
+    """(command, its arguments after the record) of every redis.call on the record R."""
+    calls = []
+    for match in re.finditer(r"redis\.call\('(\w+)',\s*R\b", source):
+        depth, start, args = 1, match.end(), []
+        i = start
+        while depth:  # the arguments up to the call's closing parenthesis
+            ch = source[i]
+            if ch in "({":
+                depth += 1
+            elif ch in ")}":
+                depth -= 1
+            if (ch == "," and depth == 1) or depth == 0:
+                args.append(source[start:i].strip())
+                start = i + 1
+            i += 1
+        calls.append((match.group(1), [a for a in args if a]))
+    return calls
+
+
+def _names(arg: str, source: str) -> list[str]:
+    """The field names an argument stands for: a literal, or unpack() of a literal table."""
+    if literal := re.fullmatch(r"'(\w+)'", arg):
+        return [literal.group(1)]
+    if table := re.fullmatch(r"unpack\((\w+)\)", arg):
+        body = re.search(rf"local {table.group(1)} = \{{([^}}]*)\}}", source)
+        assert body is not None, f"{arg}: its table is not a literal in the script"
+        return re.findall(r"'(\w+)'", body.group(1))
+    raise AssertionError(f"field name {arg!r} is not a literal: FIELDS cannot be checked")
+
+
+def _fields(name: str) -> tuple[set[str], set[str]]:
+    """(every field the script names, the fields its HSETs write)."""
+    source = (LUA / f"{name}.lua").read_text()
+    lib = (LUA / "_lib.lua").read_text()
+    named: set[str] = set()
+    written: set[str] = set()
+    for command, args in _calls(source):
+        if command in WHOLE_RECORD:
+            continue
+        assert command in HASH_COMMANDS, f"{name}.lua: {command} on the record: check it here"
+        # HSET takes name, value pairs; the others take names only.
+        names = args[::2] if command == "HSET" else args
+        for arg in names:
+            found = _names(arg, source + lib)
+            named.update(found)
+            if command == "HSET":
+                written.update(found)
+    return named, written
+
+
+def test_scripts_are_found() -> None:
+    assert {"_lib", "claim", "complete", "release"} <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_field_a_script_names_is_in_the_legend(script: str) -> None:
+    named, _ = _fields(script)
+    assert named - FIELDS.keys() == set(), "add them to FIELDS in store/redis_record.py"
+
+
+def test_every_field_in_the_legend_is_used_and_its_writers_are_right() -> None:
+    named: set[str] = set()
+    writers: dict[str, set[str]] = {field: set() for field in FIELDS}
+    for script in SCRIPTS:
+        in_script, written = _fields(script)
+        named |= in_script
+        for field in written:
+            writers.setdefault(field, set()).add(script)
+    assert FIELDS.keys() - named == set(), "fields no script uses"
+    assert {f: set(spec.written_by) for f, spec in FIELDS.items()} == writers
+
+
+def test_every_script_points_to_the_legend() -> None:
+    for script in SCRIPTS:
+        head = (LUA / f"{script}.lua").read_text().splitlines()[0]
+        assert "redis_record.py" in head, f"{script}.lua: its first line points to FIELDS"
+
+
+def test_the_legend_covers_every_record_attribute_once() -> None:
+    attributes = [spec.attribute for spec in FIELDS.values() if spec.attribute is not None]
+    assert len(attributes) == len(set(attributes))
+    assert set(attributes) == {f.name for f in dataclasses.fields(Record)} - NOT_FIELDS
+
+
+def test_a_record_decodes_every_field_of_the_legend() -> None:
+    store = MemoryStore()
+    response = StoredResponse(201, (("content-type", "text/plain"),), b"made")
+    flat = [
+        b"s", b"parked", b"u", b"7", b"r", b"run", b"f", b"fp", b"c", b"5", b"rt", b"jobs",
+        b"k", b"key-1", b"l", b"9", b"w", b"1", b"resp", store.codec.encode("d", response),
+        b"why", b"lease_expired", b"h", b'[{"event": "unknown"}]', b"ck", b"11",
+        b"ckt", b"token", b"lc", b"10", b"rc", b'{"result": "inconclusive"}', b"op", b"alice",
+        b"os", b"12",
+    ]  # fmt: skip
+    assert sorted(flat[::2]) == sorted(name.encode() for name in FIELDS)
+    record = decode_record(store, "d", 99, flat)
+    assert record == Record(
+        digest="d",
+        route="jobs",
+        key="key-1",
+        state=State.PARKED,
+        run_id="run",
+        fingerprint="fp",
+        created_ms=5,
+        now_ms=99,
+        lease_until_ms=9,
+        response=response,
+        reason="lease_expired",
+        since_ms=7,
+        holder="alice",
+        holder_since_ms=12,
+        check_lock_ms=11,
+        last_check_ms=10,
+        reconcile={"result": "inconclusive"},
+        history=({"event": "unknown"},),
+    )
+    bare = decode_record(store, "d", 99, [b"s", b"in_flight"])
+    assert bare == Record("d", "", "", State.IN_FLIGHT, "", "", 0, 99)
