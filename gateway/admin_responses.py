@@ -12,9 +12,9 @@ import json
 import re
 from typing import Any
 
-from gateway.engine import NEVER_STORED, REPLAY_HEADERS
 from gateway.errors import BadResponse
 from gateway.records import Record, StoredResponse
+from gateway.replay import NEVER_STORED, REPLAY_HEADERS
 from gateway.upstream import HOP_BY_HOP
 
 #: RFC 9110 5.6.2: a header name is a token.
