@@ -60,8 +60,6 @@ from gateway.refusals import (
     unreadable,
     upstream_status,
 )
-from gateway.replay import NEVER_STORED as NEVER_STORED  # admin imports them from here
-from gateway.replay import REPLAY_HEADERS as REPLAY_HEADERS
 from gateway.replay import replay_headers, to_store
 from gateway.routes import RouteMatch
 
