@@ -13,17 +13,12 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from gateway.config import Route
+from gateway.forwarding import NO_PROXIES, TrustedProxies, forwarded_headers
 from gateway.keys import RequestParts
 from gateway.logs import current_trace
 from gateway.metrics import RouteMetrics
-from gateway.upstream import (
-    NO_PROXIES,
-    ResponseBudget,
-    TrustedProxies,
-    Upstream,
-    UpstreamResponse,
-    forwarded_headers,
-)
+from gateway.response import ResponseBudget, UpstreamResponse
+from gateway.upstream import Upstream
 
 
 @dataclass(frozen=True, slots=True)

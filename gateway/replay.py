@@ -8,8 +8,9 @@ takes from it (and adds) whoever wrote it.
 from __future__ import annotations
 
 from gateway.config import Route
+from gateway.forwarding import HOP_BY_HOP
 from gateway.records import StoredResponse
-from gateway.upstream import HOP_BY_HOP, UpstreamResponse
+from gateway.response import UpstreamResponse
 
 #: Headers a stored response never keeps: per-caller state must not be replayed.
 NEVER_STORED = frozenset({"set-cookie", "set-cookie2"})

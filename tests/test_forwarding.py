@@ -23,8 +23,8 @@ import httpx
 import pytest
 import yaml
 
+from gateway.forwarding import TrustedProxies, forwarded_headers, valid_host
 from gateway.serve import uvicorn_server
-from gateway.upstream import TrustedProxies, forwarded_headers, valid_host
 from tests.conftest import unique
 from tests.support.ledger import Ledger
 from tests.support.rawhttp import RawResponse, read_response

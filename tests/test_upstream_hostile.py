@@ -29,8 +29,9 @@ import pytest
 from gateway.app import Gateway
 from gateway.config import ServerConfig, parse_config
 from gateway.errors import ConfigError, NotSent, OutcomeLost
+from gateway.exchange import MAX_RESPONSE_FIELDS, MAX_RESPONSE_HEAD
 from gateway.store.memory import MemoryStore
-from gateway.upstream import MAX_RESPONSE_FIELDS, MAX_RESPONSE_HEAD, Upstream
+from gateway.upstream import Upstream
 from tests.conftest import GatewayClient, config_for, unique
 from tests.support.loops import anyio_backend  # noqa: F401  (uvloop and asyncio)
 from tests.test_upstream import _self_signed

@@ -96,7 +96,7 @@ MUTANTS = [
     ),
     Mutant(
         name="expect-forwarded",
-        path="gateway/upstream.py",
+        path="gateway/forwarding.py",
         old='        "expect",',
         new="",
         tests=t("test_expect_100_continue_is_answered_by_the_gateway_not_forwarded"),

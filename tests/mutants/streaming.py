@@ -9,7 +9,7 @@ STREAMS = "tests/test_body_stream.py"
 MUTANTS = [
     Mutant(
         name="no-back-pressure",
-        path="gateway/upstream.py",
+        path="gateway/response.py",
         old=(
             "        if self._queued < STREAM_HIGH and budget.held <= budget.limit:\n"
             "            return\n"
@@ -39,7 +39,7 @@ MUTANTS = [
     ),
     Mutant(
         name="keyed-stream-closed-with-its-caller",
-        path="gateway/upstream.py",
+        path="gateway/response.py",
         old="        if self._read_to_end:\n            self._discarding = True\n",
         new="        if False:\n            self._discarding = True\n",
         tests=(
@@ -51,7 +51,7 @@ MUTANTS = [
     ),
     Mutant(
         name="budget-ignored",
-        path="gateway/upstream.py",
+        path="gateway/exchange.py",
         old="            if size > self.hold or budget.held + len(body) > budget.limit:\n",
         new="            if size > self.hold:\n",
         tests=(f"{STREAMING}::test_budget_streams_what_it_cannot_hold",),
@@ -59,7 +59,7 @@ MUTANTS = [
     ),
     Mutant(
         name="slow-reader-holds-the-key",
-        path="gateway/upstream.py",
+        path="gateway/response.py",
         old=(
             "        self._late = True\n"
             "        self._timer = loop.call_at(self._give_up, self._expire)\n"
@@ -72,7 +72,7 @@ MUTANTS = [
     ),
     Mutant(
         name="reader-time-counted-as-upstream",
-        path="gateway/upstream.py",
+        path="gateway/response.py",
         old="        if not self._read_to_end and self._timer is not None:\n",
         new="        if False:\n",
         tests=(f"{STREAMS}::test_time_paused_for_a_reader_is_not_the_upstreams",),

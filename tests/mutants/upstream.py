@@ -28,7 +28,7 @@ TIMEOUT_NOT_SENT = Mutant(
 MUTANTS = [
     Mutant(
         name="answer-out-of-step-reused",
-        path="gateway/upstream.py",
+        path="gateway/exchange.py",
         old="return self.complete and self.keep_alive and not self.out_of_step and self.error",
         new="return self.complete and self.keep_alive and self.error",
         tests=(
@@ -41,7 +41,7 @@ MUTANTS = [
     ),
     Mutant(
         name="closed-connection-written-to",
-        path="gateway/upstream.py",
+        path="gateway/pool.py",
         old="            and not _readable(self.poller)\n",
         new="",
         tests=(
@@ -65,7 +65,7 @@ MUTANTS = [
     ),
     Mutant(
         name="response-trailers-become-headers",
-        path="gateway/upstream.py",
+        path="gateway/exchange.py",
         old="        if not self.in_body:\n            self.headers.append((name, value))\n",
         new="        self.headers.append((name, value))\n",
         tests=(f"{HOSTILE}::test_trailers_and_connection_named_headers_never_reach_the_caller",),
@@ -73,7 +73,7 @@ MUTANTS = [
     ),
     Mutant(
         name="connection-named-response-headers-kept",
-        path="gateway/upstream.py",
+        path="gateway/forwarding.py",
         old="    if named:\n        return tuple(",
         new="    if False:\n        return tuple(",
         tests=(f"{HOSTILE}::test_trailers_and_connection_named_headers_never_reach_the_caller",),
@@ -81,7 +81,7 @@ MUTANTS = [
     ),
     Mutant(
         name="response-head-unbounded",
-        path="gateway/upstream.py",
+        path="gateway/exchange.py",
         old="        if self.framing > MAX_RESPONSE_HEAD and",
         new="        if False and",
         tests=(f"{HOSTILE}::test_an_endless_field_line_is_cut_as_it_streams",),
@@ -89,7 +89,7 @@ MUTANTS = [
     ),
     Mutant(
         name="tls-cut-body-complete",
-        path="gateway/upstream.py",
+        path="gateway/pool.py",
         old='return cast(bytes, ssl_object.read(1)) == b""',
         new="return True",
         tests=(f"{HOSTILE}::test_tls_body_until_close_needs_close_notify",),
@@ -115,15 +115,18 @@ MUTANTS = [
     ),
     Mutant(
         name="mid-body-reset-not-sent",
-        path="gateway/upstream.py",
+        path="gateway/exchange.py",
         old='self.fail(_Broken(f"the body was cut off{after}{detail}", self.status))',
-        new='self.future.set_exception(NotSent("the body was cut off"))',
+        new=(
+            "from gateway.errors import NotSent  # exchange.py raises neither class\n"
+            '            self.future.set_exception(NotSent("the body was cut off"))'
+        ),
         tests=(f"{FAULTS}::test_broken_answer_is_never_resent[reset_mid_body-POST]",),
         breaks="a body cut off by RST counts as never sent: the key is released and rerun",
     ),
     Mutant(
         name="cut-off-body-complete",
-        path="gateway/upstream.py",
+        path="gateway/exchange.py",
         old='self.fail(_Broken(f"the body was cut off{after}{detail}", self.status))',
         new="self._finish(keep_alive=False)",
         tests=(f"{FAULTS}::test_broken_answer_is_never_resent[close_mid_body-POST]",),
@@ -131,7 +134,7 @@ MUTANTS = [
     ),
     Mutant(
         name="half-sent-response-complete",
-        path="gateway/upstream.py",
+        path="gateway/exchange.py",
         old=(
             "            self.fail(_Broken("
             'f"the upstream closed the connection{after}", self.status))\n'
@@ -148,15 +151,19 @@ MUTANTS = [
     TIMEOUT_NOT_SENT,
     Mutant(
         name="refused-unknown",
-        path="gateway/upstream.py",
+        path="gateway/pool.py",
         old='raise NotSent(f"could not connect to {self.host}:{self.port}: {exc}") from exc',
-        new='raise OutcomeLost(f"could not connect to {self.host}:{self.port}: {exc}") from exc',
+        new=(
+            "from gateway.errors import OutcomeLost  # pool.py raises NotSent alone\n"
+            "                raise OutcomeLost("
+            'f"could not connect to {self.host}:{self.port}: {exc}") from exc'
+        ),
         tests=(f"{FAULTS}::test_connection_refused_releases_and_the_retry_runs_once",),
         breaks="a refused connection parks the key although nothing was sent",
     ),
     Mutant(
         name="no-response-body-cap",
-        path="gateway/upstream.py",
+        path="gateway/exchange.py",
         old="        if size > self.limit:\n",
         new="        if False:\n",
         tests=(f"{FAULTS}::test_endless_flood_and_oversized_bodies_stop_at_max_response_body",),
@@ -172,7 +179,7 @@ MUTANTS = [
     ),
     Mutant(
         name="head-answer-waits-for-body",
-        path="gateway/upstream.py",
+        path="gateway/exchange.py",
         old="        if self.head:\n",
         new="        if False:\n",
         tests=(f"{CLIENT}::test_head_answer_has_no_body",),
