@@ -13,9 +13,9 @@ import re
 from typing import Any
 
 from gateway.errors import BadResponse
+from gateway.forwarding import HOP_BY_HOP
 from gateway.records import Record, StoredResponse
 from gateway.replay import NEVER_STORED, REPLAY_HEADERS
-from gateway.upstream import HOP_BY_HOP
 
 #: RFC 9110 5.6.2: a header name is a token.
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")

@@ -65,8 +65,9 @@ from gateway.routes import RouteMatch
 
 if TYPE_CHECKING:
     from gateway.reconcile import Reconciler
+from gateway.response import BodyStream, ResponseBudget, UpstreamResponse
 from gateway.store.base import EXPIRED_POLICY, Store
-from gateway.upstream import BodyStream, ResponseBudget, Upstream, UpstreamResponse
+from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway.engine")
 
