@@ -4,6 +4,7 @@ scripts that write the fields and the decoder that reads them: neither can drift
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from importlib import resources
 
@@ -20,6 +21,8 @@ HASH_COMMANDS = ("HSET", "HGET", "HMGET", "HDEL", "HEXISTS")
 WHOLE_RECORD = ("HGETALL", "DEL", "PEXPIRE", "PERSIST")
 #: the Record attributes no hash field holds: given by the reader, or the response's
 NOT_FIELDS = {"digest", "now_ms", "unreadable"}
+#: delivery attributes the Redis store does not keep yet (docs/design/delivery.md §9 step 3)
+NOT_FIELDS |= {"delivery", "attempts", "due_ms", "last_attempt", "token"}
 
 
 def _calls(source: str) -> list[tuple[str, list[str]]]:
@@ -141,3 +144,21 @@ def test_a_record_decodes_every_field_of_the_legend() -> None:
     )
     bare = decode_record(store, "d", 99, [b"s", b"in_flight"])
     assert bare == Record("d", "", "", State.IN_FLIGHT, "", "", 0, 99)
+
+
+def test_a_delivery_record_shows_its_attempts_never_its_token() -> None:
+    token = "Qk3-9w_0123456789abcd"
+    record = Record(
+        "d", "jobs", "k", State.RETRYING, "run-2", "fp", 5, 99, delivery=True, attempts=2,
+        due_ms=120, last_attempt={"result": "status", "status": 503}, token=token,
+        history=({"at_ms": 50, "event": "attempt", "attempt": 1},),
+    )  # fmt: skip
+    doc = record.to_json()
+    assert token not in json.dumps(doc) and token not in repr(record)
+    assert doc["delivery"] == {
+        "attempts": 2,
+        "next_attempt_ms": 120,
+        "last_attempt": {"result": "status", "status": 503},
+    }
+    assert [e["event"] for e in doc["history"]] == ["accepted", "attempt"]
+    assert "delivery" not in Record("d", "", "", State.IN_FLIGHT, "", "", 0, 99).to_json()
