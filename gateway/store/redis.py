@@ -38,8 +38,18 @@ from redis.exceptions import RedisError
 
 from gateway.config import StoreConfig
 from gateway.errors import StoreError
-from gateway.records import KeyRef, Record, State, StoredResponse
-from gateway.store.base import ExpiredPolicy, OperatorResult, Store, StoreInfo, codec_for
+from gateway.records import KeyRef, Record, State, StoredRequest, StoredResponse
+from gateway.store.base import (
+    Accepted,
+    ExpiredPolicy,
+    OperatorResult,
+    PickResult,
+    QueueStat,
+    Store,
+    StoreInfo,
+    codec_for,
+)
+from gateway.store.notices import Due
 from gateway.store.redis_info import read_info, report
 from gateway.store.redis_record import decode_record, text
 from gateway.store.redis_topology import client_for, describe, script_endpoint
@@ -260,7 +270,12 @@ class RedisStore(Store):
         return reply
 
     async def complete(
-        self, ref: KeyRef, run_id: str, response: StoredResponse, ttl: float
+        self,
+        ref: KeyRef,
+        run_id: str,
+        response: StoredResponse,
+        ttl: float,
+        attempt: dict[str, Any] | None = None,
     ) -> bool:
         return bool(
             await self._run(
@@ -351,6 +366,7 @@ class RedisStore(Store):
         response: StoredResponse | None,
         ttl: float,
         park_after: float,
+        retry_in: float | None = None,
     ) -> str:
         after = await self._run(
             "check_end",
@@ -363,6 +379,54 @@ class RedisStore(Store):
             _ms(park_after),
         )
         return text(after) if after else ""
+
+    # Deliveries: the Redis side lands with its scripts (docs/design/delivery.md §9,
+    # step 3); nothing calls these before then.
+
+    async def accept(
+        self,
+        ref: KeyRef,
+        run_id: str,
+        fingerprint: str,
+        request: StoredRequest,
+        token: str,
+        *,
+        admit: bool = True,
+        origin: str = "",
+        expired: ExpiredPolicy = "unresolved",
+    ) -> Accepted:
+        raise NotImplementedError
+
+    async def pick(
+        self,
+        route: str,
+        hint: KeyRef,
+        run_id: str,
+        lease: float,
+        max_attempts: int,
+        replica: str,
+        park_reason: str = "attempts exhausted",
+    ) -> PickResult:
+        raise NotImplementedError
+
+    async def retry_later(
+        self,
+        ref: KeyRef,
+        run_id: str,
+        delay: float | None,
+        attempt: dict[str, Any],
+        origin: str = "",
+    ) -> bool:
+        raise NotImplementedError
+
+    async def get_request(self, ref: KeyRef) -> StoredRequest | None:
+        raise NotImplementedError
+
+    async def due_candidates(self, route: str, limit: int) -> tuple[list[Due], int]:
+        raise NotImplementedError
+
+    async def queue_stats(self) -> list[QueueStat]:
+        raise NotImplementedError
 
     async def park(self, ref: KeyRef, reason: str) -> bool:
         return bool(await self._run("park", ref, reason))
