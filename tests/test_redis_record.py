@@ -21,8 +21,6 @@ HASH_COMMANDS = ("HSET", "HGET", "HMGET", "HDEL", "HEXISTS")
 WHOLE_RECORD = ("HGETALL", "DEL", "PEXPIRE", "PERSIST")
 #: the Record attributes no hash field holds: given by the reader, or the response's
 NOT_FIELDS = {"digest", "now_ms", "unreadable"}
-#: delivery attributes the Redis store does not keep yet (docs/design/delivery.md §9 step 3)
-NOT_FIELDS |= {"delivery", "attempts", "due_ms", "last_attempt", "token"}
 
 
 def _calls(source: str) -> list[tuple[str, list[str]]]:
@@ -118,7 +116,8 @@ def test_a_record_decodes_every_field_of_the_legend() -> None:
         b"k", b"key-1", b"l", b"9", b"w", b"1", b"resp", store.codec.encode("d", response),
         b"why", b"lease_expired", b"h", b'[{"event": "unknown"}]', b"ck", b"11",
         b"ckt", b"token", b"lc", b"10", b"rc", b'{"result": "inconclusive"}', b"op", b"alice",
-        b"os", b"12",
+        b"os", b"12", b"dl", b"1", b"n", b"3", b"due", b"13", b"la", b'{"status": 503}',
+        b"tk", store.codec.encode_token("d", "tok"),
     ]  # fmt: skip
     assert sorted(flat[::2]) == sorted(name.encode() for name in FIELDS)
     record = decode_record(store, "d", 99, flat)
@@ -141,6 +140,11 @@ def test_a_record_decodes_every_field_of_the_legend() -> None:
         last_check_ms=10,
         reconcile={"result": "inconclusive"},
         history=({"event": "unknown"},),
+        delivery=True,
+        attempts=3,
+        due_ms=13,
+        last_attempt={"status": 503},
+        token="tok",
     )
     bare = decode_record(store, "d", 99, [b"s", b"in_flight"])
     assert bare == Record("d", "", "", State.IN_FLIGHT, "", "", 0, 99)

@@ -375,15 +375,6 @@ TOKEN = "Qk3-9w_0123456789abcd"
 ATTEMPT = {"result": "status", "status": 503}
 
 
-@pytest.fixture
-def dstore(store: Store, store_kind: str) -> Store:
-    """The store, for the delivery contract (Redis keeps deliveries from step 3 of
-    docs/design/delivery.md §9)."""
-    if store_kind != "memory":
-        pytest.skip("the Redis store keeps deliveries from step 3")
-    return store
-
-
 class Heard:
     """The store's delivery notices, as a worker would hear them."""
 
@@ -395,6 +386,13 @@ class Heard:
 
     def on_lost(self) -> None:
         self.lost += 1
+
+    async def subscribed(self, store: Store) -> Heard:
+        """Once the store hears its notices (Redis subscribes in the background)."""
+        subscribed = getattr(store, "subscribed", None)
+        if subscribed is not None:
+            await asyncio.wait_for(subscribed.wait(), 10)
+        return self
 
     async def until(self, found: Callable[[], bool]) -> None:
         for _ in range(100):  # pub/sub delivers in another task: give it up to 5 s
@@ -416,9 +414,9 @@ async def picked(store: Store, r: KeyRef, run: str = "run-1", **limits: Any) -> 
     return await store.pick(r.route, r, run, **limits)
 
 
-async def test_accept_queues_a_free_key_with_its_request_and_token(dstore: Store) -> None:
-    r = await accepted(dstore)
-    record = await dstore.get(r)
+async def test_accept_queues_a_free_key_with_its_request_and_token(store: Store) -> None:
+    r = await accepted(store)
+    record = await store.get(r)
     assert record is not None and record.state is State.QUEUED and record.delivery
     assert (record.run_id, record.fingerprint, record.route, record.key) == (
         "run-a",
@@ -428,64 +426,64 @@ async def test_accept_queues_a_free_key_with_its_request_and_token(dstore: Store
     )
     assert record.attempts == 0 and 0 < record.due_ms <= record.now_ms
     assert record.token == TOKEN and TOKEN not in str(record.to_json())
-    assert await dstore.get_request(r) == REQUEST
+    assert await store.get_request(r) == REQUEST
     # The same accept retried finds its own record; the caller counts it as queued.
-    again = await dstore.accept(r, "run-a", "fp", REQUEST, TOKEN)
+    again = await store.accept(r, "run-a", "fp", REQUEST, TOKEN)
     assert again.outcome == "exists" and again.record is not None
     assert again.record.run_id == "run-a" and again.record.state is State.QUEUED
 
 
-async def test_accept_never_overwrites_an_existing_key(dstore: Store) -> None:
-    r = await accepted(dstore)
+async def test_accept_never_overwrites_an_existing_key(store: Store) -> None:
+    r = await accepted(store)
     other = StoredRequest("POST", "/other", (), b"other")
-    found = await dstore.accept(r, "run-b", "fp2", other, "another-token-000000000")
+    found = await store.accept(r, "run-b", "fp2", other, "another-token-000000000")
     assert found.outcome == "exists" and found.record is not None
     assert found.record.run_id == "run-a" and found.record.fingerprint == "fp"
-    assert found.record.token == TOKEN and await dstore.get_request(r) == REQUEST
+    assert found.record.token == TOKEN and await store.get_request(r) == REQUEST
     # Nor a sync key: in flight or completed, it stays what it is, with no request.
     sync = ref()
-    await dstore.claim(sync, "run-1", "fp", 30)
-    held = await dstore.accept(sync, "run-b", "fp", REQUEST, TOKEN)
+    await store.claim(sync, "run-1", "fp", 30)
+    held = await store.accept(sync, "run-b", "fp", REQUEST, TOKEN)
     assert held.outcome == "exists" and held.record is not None
     assert held.record.state is State.IN_FLIGHT and not held.record.delivery
-    await dstore.complete(sync, "run-1", RESPONSE, 60)
-    done = await dstore.accept(sync, "run-b", "fp", REQUEST, TOKEN, admit=False)
+    await store.complete(sync, "run-1", RESPONSE, 60)
+    done = await store.accept(sync, "run-b", "fp", REQUEST, TOKEN, admit=False)
     assert done.outcome == "exists" and done.record is not None
     assert done.record.response == RESPONSE
-    assert await dstore.get_request(sync) is None
+    assert await store.get_request(sync) is None
 
 
-async def test_accept_refused_admission_stores_nothing(dstore: Store) -> None:
+async def test_accept_refused_admission_stores_nothing(store: Store) -> None:
     r = ref()
-    full = await dstore.accept(r, "run-a", "fp", REQUEST, TOKEN, admit=False)
+    full = await store.accept(r, "run-a", "fp", REQUEST, TOKEN, admit=False)
     assert full.outcome == "full" and full.record is None
-    assert await dstore.get(r) is None and await dstore.get_request(r) is None
-    assert await dstore.queue_stats() == []
+    assert await store.get(r) is None and await store.get_request(r) is None
+    assert await store.queue_stats() == []
 
 
-async def test_accepted_delivery_is_listed_counted_and_announced(dstore: Store) -> None:
-    heard = Heard(dstore)
-    r = await accepted(dstore)
-    candidates, now = await dstore.due_candidates(r.route, 10)
+async def test_accepted_delivery_is_listed_counted_and_announced(store: Store) -> None:
+    heard = await Heard(store).subscribed(store)
+    r = await accepted(store)
+    candidates, now = await store.due_candidates(r.route, 10)
     assert [c.ref.digest for c in candidates] == [r.digest] and now > 0
     assert candidates[0].due_ms <= now
-    [stat] = await dstore.queue_stats()
+    [stat] = await store.queue_stats()
     assert (stat.route, stat.queued, stat.retrying) == (r.route, 1, 0)
     assert stat.oldest_wait_seconds >= 0
     await heard.until(lambda: any(d.ref.digest == r.digest for d in heard.due))
     [due] = [d for d in heard.due if d.ref.digest == r.digest]
     assert due.origin == "replica-a" and due.ref.route == r.route and due.now_ms >= due.due_ms
-    assert (await dstore.due_candidates("another-route", 10))[0] == []
+    assert (await store.due_candidates("another-route", 10))[0] == []
 
 
-async def test_picked_delivery_is_not_picked_again(dstore: Store) -> None:
-    heard = Heard(dstore)
-    r = await accepted(dstore)
-    first = await picked(dstore, r)
+async def test_picked_delivery_is_not_picked_again(store: Store) -> None:
+    heard = await Heard(store).subscribed(store)
+    r = await accepted(store)
+    first = await picked(store, r)
     assert first.why == "" and first.record is not None
     assert first.record.state is State.IN_FLIGHT and first.record.run_id == "run-1"
     assert first.record.attempts == 1 and first.record.lease_until_ms > first.now_ms
-    assert dstore.codec.decode_request(r.digest, first.request) == REQUEST
+    assert store.codec.decode_request(r.digest, first.request) == REQUEST
     attempt = first.record.history[-1]
     assert (attempt["event"], attempt["attempt"], attempt["run_id"], attempt["replica"]) == (
         "attempt",
@@ -493,183 +491,183 @@ async def test_picked_delivery_is_not_picked_again(dstore: Store) -> None:
         "run-1",
         "replica-b",
     )
-    second = await picked(dstore, r, "run-2")
+    second = await picked(store, r, "run-2")
     assert second.record is None and second.why == "gone"
-    record = await dstore.get(r)
+    record = await store.get(r)
     assert record is not None and record.run_id == "run-1" and record.attempts == 1
-    assert (await dstore.due_candidates(r.route, 10))[0] == []
-    assert await dstore.queue_stats() == []
+    assert (await store.due_candidates(r.route, 10))[0] == []
+    assert await store.queue_stats() == []
     await heard.until(lambda: r.digest in heard.taken)
 
 
-async def test_pick_never_claims_a_delivery_that_is_not_due(dstore: Store) -> None:
-    r = await accepted(dstore)
-    await picked(dstore, r)
-    assert await dstore.retry_later(r, "run-1", 30, ATTEMPT)
-    early = await picked(dstore, r, "run-2")
+async def test_pick_never_claims_a_delivery_that_is_not_due(store: Store) -> None:
+    r = await accepted(store)
+    await picked(store, r)
+    assert await store.retry_later(r, "run-1", 30, ATTEMPT)
+    early = await picked(store, r, "run-2")
     assert early.record is None and early.why == "not_due"
     assert early.due_ms >= early.now_ms + 29_000
     assert early.next is not None and early.next.ref.digest == r.digest
-    record = await dstore.get(r)
+    record = await store.get(r)
     assert record is not None and record.state is State.RETRYING and record.run_id == "run-1"
 
 
-async def test_pick_never_starts_an_attempt_over_the_limit(dstore: Store) -> None:
-    r = await accepted(dstore)
-    await picked(dstore, r, max_attempts=1)
-    assert await dstore.retry_later(r, "run-1", 0, ATTEMPT)
-    over = await picked(dstore, r, "run-2", max_attempts=1, park_reason="attempts exhausted")
+async def test_pick_never_starts_an_attempt_over_the_limit(store: Store) -> None:
+    r = await accepted(store)
+    await picked(store, r, max_attempts=1)
+    assert await store.retry_later(r, "run-1", 0, ATTEMPT)
+    over = await picked(store, r, "run-2", max_attempts=1, park_reason="attempts exhausted")
     assert over.record is None and over.why == "exhausted"
-    record = await dstore.get(r)
+    record = await store.get(r)
     assert record is not None and record.state is State.PARKED
     assert record.attempts == 1 and record.reason == "attempts exhausted"
-    assert await dstore.get_request(r) == REQUEST  # kept for a person's retry
-    fresh = await accepted(dstore)  # a limit lowered to 0: parked before any attempt
-    assert (await picked(dstore, fresh, max_attempts=0, park_reason="gone")).why == "exhausted"
+    assert await store.get_request(r) == REQUEST  # kept for a person's retry
+    fresh = await accepted(store)  # a limit lowered to 0: parked before any attempt
+    assert (await picked(store, fresh, max_attempts=0, park_reason="gone")).why == "exhausted"
 
 
-async def test_stale_run_cannot_schedule_a_retry(dstore: Store) -> None:
-    r = await accepted(dstore)
-    await picked(dstore, r)
-    assert not await dstore.retry_later(r, "run-a", 1, ATTEMPT)  # the acceptance's run id
-    assert await dstore.retry_later(r, "run-1", 1, ATTEMPT)
-    assert await dstore.retry_later(r, "run-1", 1, ATTEMPT)  # the same call, retried
-    assert not await dstore.retry_later(r, "run-1", 1, {"result": "not_sent"})
-    record = await dstore.get(r)
+async def test_stale_run_cannot_schedule_a_retry(store: Store) -> None:
+    r = await accepted(store)
+    await picked(store, r)
+    assert not await store.retry_later(r, "run-a", 1, ATTEMPT)  # the acceptance's run id
+    assert await store.retry_later(r, "run-1", 1, ATTEMPT)
+    assert await store.retry_later(r, "run-1", 1, ATTEMPT)  # the same call, retried
+    assert not await store.retry_later(r, "run-1", 1, {"result": "not_sent"})
+    record = await store.get(r)
     assert record is not None and record.state is State.RETRYING
     assert record.last_attempt == ATTEMPT and record.due_ms > record.now_ms
     assert [e["event"] for e in record.history] == ["attempt", "retry_scheduled"]
     sync = ref()  # a sync key is never scheduled
-    await dstore.claim(sync, "run-1", "fp", 30)
-    assert not await dstore.retry_later(sync, "run-1", 1, ATTEMPT)
+    await store.claim(sync, "run-1", "fp", 30)
+    assert not await store.retry_later(sync, "run-1", 1, ATTEMPT)
 
 
-async def test_retried_delivery_is_due_again_and_picked(dstore: Store) -> None:
-    heard = Heard(dstore)
-    r = await accepted(dstore)
-    await picked(dstore, r)
-    assert await dstore.retry_later(r, "run-1", 0.05, ATTEMPT, origin="replica-b")
+async def test_retried_delivery_is_due_again_and_picked(store: Store) -> None:
+    heard = await Heard(store).subscribed(store)
+    r = await accepted(store)
+    await picked(store, r)
+    assert await store.retry_later(r, "run-1", 0.05, ATTEMPT, origin="replica-b")
     await heard.until(lambda: any(d.origin == "replica-b" for d in heard.due))
     [due] = [d for d in heard.due if d.origin == "replica-b"]
     assert due.ref.digest == r.digest and due.due_ms >= due.now_ms + 50
-    [stat] = await dstore.queue_stats()
+    [stat] = await store.queue_stats()
     assert (stat.queued, stat.retrying) == (0, 1)
     await asyncio.sleep(0.1)
-    again = await picked(dstore, r, "run-2")
+    again = await picked(store, r, "run-2")
     assert again.record is not None and again.record.attempts == 2
     assert again.record.last_attempt == ATTEMPT
     assert [e["event"] for e in again.record.history] == ["attempt", "retry_scheduled", "attempt"]
 
 
-async def test_retry_later_without_delay_parks_with_the_reason(dstore: Store) -> None:
-    r = await accepted(dstore)
-    await picked(dstore, r)
+async def test_retry_later_without_delay_parks_with_the_reason(store: Store) -> None:
+    r = await accepted(store)
+    await picked(store, r)
     last = {**ATTEMPT, "reason": "attempts exhausted after 8"}
-    assert await dstore.retry_later(r, "run-1", None, last)
-    record = await dstore.get(r)
+    assert await store.retry_later(r, "run-1", None, last)
+    record = await store.get(r)
     assert record is not None and record.state is State.PARKED
     assert record.reason == "attempts exhausted after 8" and record.last_attempt == last
-    assert await dstore.get_request(r) == REQUEST
+    assert await store.get_request(r) == REQUEST
 
 
 @pytest.mark.parametrize("settle", ["complete", "release"])
-async def test_settling_a_delivery_deletes_its_request(dstore: Store, settle: str) -> None:
-    r = await accepted(dstore)
-    await picked(dstore, r)
+async def test_settling_a_delivery_deletes_its_request(store: Store, settle: str) -> None:
+    r = await accepted(store)
+    await picked(store, r)
     if settle == "complete":
-        assert await dstore.complete(r, "run-1", RESPONSE, 60, {"result": "completed"})
+        assert await store.complete(r, "run-1", RESPONSE, 60, {"result": "completed"})
     else:
-        assert await dstore.release(r, "run-1", 60, "test")
-    assert await dstore.get_request(r) is None
-    record = await dstore.get(r)
+        assert await store.release(r, "run-1", 60, "test")
+    assert await store.get_request(r) is None
+    record = await store.get(r)
     assert record is not None
     if settle == "complete":
         assert record.state is State.COMPLETED and record.response == RESPONSE
         assert record.last_attempt == {"result": "completed"} and record.token == TOKEN
     else:
         assert record.state is State.RELEASED
-    assert await dstore.queue_stats() == []
+    assert await store.queue_stats() == []
 
 
 @pytest.mark.parametrize("policy", ["unresolved", "parked", "release"])
 async def test_expired_delivery_lease_is_never_retried_or_dropped(
-    dstore: Store, policy: ExpiredPolicy
+    store: Store, policy: ExpiredPolicy
 ) -> None:
-    r = await accepted(dstore)
-    await picked(dstore, r, lease=0.05)
+    r = await accepted(store)
+    await picked(store, r, lease=0.05)
     await asyncio.sleep(0.15)
-    [(changed, state)] = await dstore.expire_leases(lambda route: policy)
+    [(changed, state)] = await store.expire_leases(lambda route: policy)
     expected = "parked" if policy == "parked" else "unresolved"
     assert changed.digest == r.digest and state == expected
-    record = await dstore.get(r)
+    record = await store.get(r)
     assert record is not None and record.state is State(expected)
     assert record.reason == "lease_expired" and record.run_id == "run-1"
-    assert await dstore.get_request(r) == REQUEST
-    assert await dstore.queue_stats() == []
+    assert await store.get_request(r) == REQUEST
+    assert await store.queue_stats() == []
 
 
 @pytest.mark.parametrize(("result", "retry_in", "after"), [
     ("not_done", 0.0, "retrying"), ("not_done", None, "parked"), ("done", None, "completed"),
 ])  # fmt: skip
 async def test_a_check_decides_an_unresolved_delivery(
-    dstore: Store, result: str, retry_in: float | None, after: str
+    store: Store, result: str, retry_in: float | None, after: str
 ) -> None:
-    r = await accepted(dstore)
-    await picked(dstore, r)
-    assert await dstore.mark_unresolved(r, "run-1", "read timeout")
-    assert await dstore.begin_check(r, "run-1", 30, 0)
+    r = await accepted(store)
+    await picked(store, r)
+    assert await store.mark_unresolved(r, "run-1", "read timeout")
+    assert await store.begin_check(r, "run-1", 30, 0)
     answer = {"status": 404 if result == "not_done" else 200}
     response = RESPONSE if result == "done" else None
-    got = await dstore.end_check(r, "run-1", result, answer, response, 60, 3600, retry_in)
+    got = await store.end_check(r, "run-1", result, answer, response, 60, 3600, retry_in)
     assert got == after
-    record = await dstore.get(r)
+    record = await store.get(r)
     assert record is not None and record.state is State(after)
-    kept = await dstore.get_request(r)
+    kept = await store.get_request(r)
     assert kept == (None if after == "completed" else REQUEST)
     if after == "retrying":
-        again = await picked(dstore, r, "run-2")
+        again = await picked(store, r, "run-2")
         assert again.record is not None and again.record.attempts == 2
 
 
 @pytest.mark.parametrize("outcome", ["retry", "done"])
-async def test_operator_resolves_a_parked_delivery(dstore: Store, outcome: str) -> None:
-    heard = Heard(dstore)
-    r = await accepted(dstore)
-    await picked(dstore, r, max_attempts=1)
-    assert await dstore.retry_later(r, "run-1", None, ATTEMPT)
-    assert (await dstore.operator_claim(r, "alice", force=False)).ok
+async def test_operator_resolves_a_parked_delivery(store: Store, outcome: str) -> None:
+    heard = await Heard(store).subscribed(store)
+    r = await accepted(store)
+    await picked(store, r, max_attempts=1)
+    assert await store.retry_later(r, "run-1", None, ATTEMPT)
+    assert (await store.operator_claim(r, "alice", force=False)).ok
     response = StoredResponse(200, (), b"by hand", origin="operator")
-    result = await dstore.operator_resolve(r, "alice", outcome, "", response, 60)
-    record = await dstore.get(r)
+    result = await store.operator_resolve(r, "alice", outcome, "", response, 60)
+    record = await store.get(r)
     assert record is not None and result.ok
     if outcome == "done":
-        assert result.state == "completed" and await dstore.get_request(r) is None
+        assert result.state == "completed" and await store.get_request(r) is None
         return
     assert result.state == "queued" and record.state is State.QUEUED
     assert record.attempts == 0 and not record.holder and record.due_ms <= record.now_ms
     await heard.until(lambda: len([d for d in heard.due if d.ref.digest == r.digest]) == 2)
-    again = await picked(dstore, r, "run-2", max_attempts=1)
+    again = await picked(store, r, "run-2", max_attempts=1)
     assert again.record is not None and again.record.attempts == 1
 
 
-async def test_operators_cannot_claim_queued_or_retrying_deliveries(dstore: Store) -> None:
-    r = await accepted(dstore)
-    assert (await dstore.operator_claim(r, "alice", force=True)).state == "queued"
-    await picked(dstore, r)
-    await dstore.retry_later(r, "run-1", 30, ATTEMPT)
-    refused = await dstore.operator_claim(r, "alice", force=True)
+async def test_operators_cannot_claim_queued_or_retrying_deliveries(store: Store) -> None:
+    r = await accepted(store)
+    assert (await store.operator_claim(r, "alice", force=True)).state == "queued"
+    await picked(store, r)
+    await store.retry_later(r, "run-1", 30, ATTEMPT)
+    refused = await store.operator_claim(r, "alice", force=True)
     assert not refused.ok and refused.refused == "state" and refused.state == "retrying"
 
 
-async def test_queue_reads_split_by_route_and_state_earliest_first(dstore: Store) -> None:
-    first, second = await accepted(dstore), await accepted(dstore)
+async def test_queue_reads_split_by_route_and_state_earliest_first(store: Store) -> None:
+    first, second = await accepted(store), await accepted(store)
     other = KeyRef(ref().digest, "other-route", "k")
-    await dstore.accept(other, "run-a", "fp", REQUEST, TOKEN)
-    await picked(dstore, second)
-    await dstore.retry_later(second, "run-1", 30, ATTEMPT)
-    stats = {s.route: s for s in await dstore.queue_stats()}
+    await store.accept(other, "run-a", "fp", REQUEST, TOKEN)
+    await picked(store, second)
+    await store.retry_later(second, "run-1", 30, ATTEMPT)
+    stats = {s.route: s for s in await store.queue_stats()}
     assert (stats[first.route].queued, stats[first.route].retrying) == (1, 1)
     assert (stats["other-route"].queued, stats["other-route"].retrying) == (1, 0)
-    candidates, _ = await dstore.due_candidates(first.route, 10)
+    candidates, _ = await store.due_candidates(first.route, 10)
     assert [c.ref.digest for c in candidates] == [first.digest, second.digest]
     assert candidates[0].due_ms < candidates[1].due_ms

@@ -10,15 +10,16 @@ Layout, for a prefix `idem:` and a record digest `d` in bucket `b` (0..BUCKETS-1
     idem:{b}:c               sharded pub/sub channel: a member changed
     idem:{b}:m               a marker that never expires: if it vanishes, the bucket
                              lost its records (see check_reset)
+    idem:{b}:rq:..., i:queued:..., i:retrying:..., qr    deliveries: see redis_delivery.py
 
 A member is `digest/route`. Everything a script touches shares the `{b}` hash tag,
 so the scripts run unchanged on Redis Cluster, and a bucket's indexes can be read
 without scanning the keyspace. User keys never appear in Redis names: a key such as
 `../*{x}` is hashed into the digest, so it cannot reach another record.
 
-Beside it: redis_topology.py (connecting to one server, Sentinel or Cluster),
-redis_record.py (the record's fields and reading them), redis_info.py (INFO and
-the warnings about eviction and AOF).
+Beside it: redis_delivery.py (the delivery operations), redis_topology.py
+(connecting to one server, Sentinel or Cluster), redis_record.py (the record's
+fields and reading them), redis_info.py (INFO and the warnings about eviction and AOF).
 """
 
 from __future__ import annotations
@@ -38,18 +39,9 @@ from redis.exceptions import RedisError
 
 from gateway.config import StoreConfig
 from gateway.errors import StoreError
-from gateway.records import KeyRef, Record, State, StoredRequest, StoredResponse
-from gateway.store.base import (
-    Accepted,
-    ExpiredPolicy,
-    OperatorResult,
-    PickResult,
-    QueueStat,
-    Store,
-    StoreInfo,
-    codec_for,
-)
-from gateway.store.notices import Due
+from gateway.records import KeyRef, Record, State, StoredResponse
+from gateway.store.base import ExpiredPolicy, OperatorResult, StoreInfo, codec_for
+from gateway.store.redis_delivery import RedisDeliveries, attempt_json
 from gateway.store.redis_info import read_info, report
 from gateway.store.redis_record import decode_record, text
 from gateway.store.redis_topology import client_for, describe, script_endpoint
@@ -69,6 +61,9 @@ _SCRIPTS = (
     "park",
     "op_claim",
     "op_resolve",
+    "accept",
+    "pick",
+    "retry",
 )
 
 #: Records are spread over this many hash tags: enough to balance a cluster's
@@ -81,7 +76,7 @@ def _script_source(name: str) -> str:
     return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
-class RedisStore(Store):
+class RedisStore(RedisDeliveries):
     def __init__(self, config: StoreConfig) -> None:
         super().__init__(codec_for(config))
         self.allow_eviction = config.allow_eviction
@@ -119,10 +114,21 @@ class RedisStore(Store):
         self._marks: list[bytes | None] | None = None
 
     def _keys(self, ref: KeyRef) -> tuple[list[str], list[str]]:
-        """The script KEYS and the two ARGV every script starts with."""
+        """The script KEYS (see _lib.lua) and the two ARGV every script starts with."""
         bucket = _bucket(ref.digest)
-        keys = [self._tags[bucket] + ref.digest, *self._indexes[bucket]]
+        tag = self._tags[bucket]
+        keys = [
+            tag + ref.digest,
+            *self._indexes[bucket],
+            f"{tag}i:queued:{ref.route}",
+            f"{tag}i:retrying:{ref.route}",
+            tag + "qr",
+            tag + "rq:" + ref.digest,
+        ]
         return keys, [f"{ref.digest}/{ref.route}", self._channels[bucket]]
+
+    def _tag(self, digest: str) -> str:
+        return self._tags[_bucket(digest)]
 
     async def _run(self, name: str, ref: KeyRef, *args: Any) -> Any:
         keys, head = self._keys(ref)
@@ -285,6 +291,7 @@ class RedisStore(Store):
                 self.codec.encode(ref.digest, response),
                 _ms(ttl),
                 response.origin,
+                "" if attempt is None else attempt_json(attempt),
             )
         )
 
@@ -377,56 +384,9 @@ class RedisStore(Store):
             self.codec.encode(ref.digest, response) if response is not None else b"",
             _ms(ttl),
             _ms(park_after),
+            "" if retry_in is None else str(max(0, int(retry_in * 1000))),
         )
         return text(after) if after else ""
-
-    # Deliveries: the Redis side lands with its scripts (docs/design/delivery.md §9,
-    # step 3); nothing calls these before then.
-
-    async def accept(
-        self,
-        ref: KeyRef,
-        run_id: str,
-        fingerprint: str,
-        request: StoredRequest,
-        token: str,
-        *,
-        admit: bool = True,
-        origin: str = "",
-        expired: ExpiredPolicy = "unresolved",
-    ) -> Accepted:
-        raise NotImplementedError
-
-    async def pick(
-        self,
-        route: str,
-        hint: KeyRef,
-        run_id: str,
-        lease: float,
-        max_attempts: int,
-        replica: str,
-        park_reason: str = "attempts exhausted",
-    ) -> PickResult:
-        raise NotImplementedError
-
-    async def retry_later(
-        self,
-        ref: KeyRef,
-        run_id: str,
-        delay: float | None,
-        attempt: dict[str, Any],
-        origin: str = "",
-    ) -> bool:
-        raise NotImplementedError
-
-    async def get_request(self, ref: KeyRef) -> StoredRequest | None:
-        raise NotImplementedError
-
-    async def due_candidates(self, route: str, limit: int) -> tuple[list[Due], int]:
-        raise NotImplementedError
-
-    async def queue_stats(self) -> list[QueueStat]:
-        raise NotImplementedError
 
     async def park(self, ref: KeyRef, reason: str) -> bool:
         return bool(await self._run("park", ref, reason))
@@ -507,6 +467,7 @@ class RedisStore(Store):
                     await pubsub.ssubscribe(*self._channels)
                 self.subscribed.set()
                 self.notifier.notify_all()
+                self.due.lost()  # deliveries announced while unsubscribed: rescan
                 delay = 0.1
                 await asyncio.gather(*(self._read(pubsub) for pubsub, _ in subscribers))
             except (RedisError, OSError) as exc:
@@ -527,7 +488,11 @@ class RedisStore(Store):
                 self._notice(message["data"])
 
     def _notice(self, data: bytes) -> None:
-        """`digest/route`, then for a completion `\\n fingerprint \\n response`."""
+        """`digest/route`, then for a completion `\\n fingerprint \\n response`; or a
+        delivery notice, starting with `!`."""
+        if data[:1] == b"!":
+            self._delivery_notice(data)
+            return
         member, _, notice = data.partition(b"\n")
         digest = member.split(b"/", 1)[0].decode()
         if not self.notifier.watching(digest):
