@@ -671,3 +671,20 @@ async def test_queue_reads_split_by_route_and_state_earliest_first(store: Store)
     candidates, _ = await store.due_candidates(first.route, 10)
     assert [c.ref.digest for c in candidates] == [first.digest, second.digest]
     assert candidates[0].due_ms < candidates[1].due_ms
+
+
+async def test_a_store_says_when_delivery_notices_may_have_been_missed(
+    make_store: Callable[[], Store], store_kind: str
+) -> None:
+    """On (re)subscribing, Redis reports `lost`: the workers rescan. An in-process
+    store never misses one."""
+    fresh = make_store()
+    heard = Heard(fresh)
+    await fresh.start()
+    try:
+        if store_kind == "memory":
+            assert heard.lost == 0
+        else:
+            await heard.until(lambda: heard.lost >= 1)
+    finally:
+        await fresh.close()
