@@ -17,9 +17,10 @@ so the scripts run unchanged on Redis Cluster, and a bucket's indexes can be rea
 without scanning the keyspace. User keys never appear in Redis names: a key such as
 `../*{x}` is hashed into the digest, so it cannot reach another record.
 
-Beside it: redis_delivery.py (the delivery operations), redis_topology.py
-(connecting to one server, Sentinel or Cluster), redis_record.py (the record's
-fields and reading them), redis_info.py (INFO and the warnings about eviction and AOF).
+Beside it: redis_delivery.py (the delivery operations), redis_notices.py (the
+subscriber to the buckets' channels), redis_topology.py (connecting to one server,
+Sentinel or Cluster), redis_record.py (the record's fields and reading them),
+redis_info.py (INFO and the warnings about eviction and AOF).
 """
 
 from __future__ import annotations
@@ -29,11 +30,10 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
@@ -43,6 +43,7 @@ from gateway.records import KeyRef, Record, State, StoredResponse
 from gateway.store.base import ExpiredPolicy, OperatorResult, StoreInfo, codec_for
 from gateway.store.redis_delivery import RedisDeliveries, attempt_json
 from gateway.store.redis_info import read_info, report
+from gateway.store.redis_notices import RedisNotices, bounded
 from gateway.store.redis_record import decode_record, text
 from gateway.store.redis_topology import client_for, describe, script_endpoint
 from gateway.store.resp import RespConnection, RespConnectionError, RespError
@@ -76,7 +77,7 @@ def _script_source(name: str) -> str:
     return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
-class RedisStore(RedisDeliveries):
+class RedisStore(RedisDeliveries, RedisNotices):
     def __init__(self, config: StoreConfig) -> None:
         super().__init__(codec_for(config))
         self.allow_eviction = config.allow_eviction
@@ -200,11 +201,11 @@ class RedisStore(RedisDeliveries):
                     break
         if self._pipe is not None:
             await self._pipe.close()
-        await _bounded(self.client.aclose(), "client")
+        await bounded(self.client.aclose(), "client")
         pool = getattr(self.client, "connection_pool", None)  # a cluster has one per node
         sentinels = getattr(pool, "sentinel_manager", None)
         if sentinels is not None:  # the master's client does not close the sentinels'
-            await _bounded(sentinels.aclose(), "sentinel clients")
+            await bounded(sentinels.aclose(), "sentinel clients")
 
     async def ping(self) -> None:
         try:
@@ -440,78 +441,6 @@ class RedisStore(RedisDeliveries):
         if not digests:
             return []
         return [r for r in await self._read_many(digests) if r is not None]
-
-    async def _listen(self) -> None:
-        """One subscriber per process for every bucket's channel (on a cluster, one
-        per shard, for the channels it owns); waiters are woken locally. After a
-        reconnect, all waiters are woken: they re-read."""
-        delay = 0.1
-        while not self._closing:
-            subscribers: list[tuple[Any, Any]] = []  # (pub/sub, its own client or None)
-            try:
-                if self.cluster:
-                    await self.client.initialize()
-                    owners: dict[str, tuple[str, int, list[str]]] = {}
-                    for channel in self._channels:
-                        node = self.client.get_node_from_key(channel)
-                        owners.setdefault(node.name, (node.host, node.port, []))[2].append(channel)
-                    for host, port, channels in owners.values():
-                        shard = aioredis.Redis(host=host, port=port, **self._connection_kwargs)
-                        pubsub = shard.pubsub()
-                        subscribers.append((pubsub, shard))
-                        for channel in channels:  # one SSUBSCRIBE may name one slot only
-                            await pubsub.ssubscribe(channel)
-                else:
-                    pubsub = self.client.pubsub()
-                    subscribers.append((pubsub, None))
-                    await pubsub.ssubscribe(*self._channels)
-                self.subscribed.set()
-                self.notifier.notify_all()
-                self.due.lost()  # deliveries announced while unsubscribed: rescan
-                delay = 0.1
-                await asyncio.gather(*(self._read(pubsub) for pubsub, _ in subscribers))
-            except (RedisError, OSError) as exc:
-                log.warning("store notifications lost (%s); reconnecting", exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-            finally:
-                self.subscribed.clear()
-                for pubsub, shard in subscribers:
-                    await _bounded(pubsub.aclose(), "pub/sub")
-                    if shard is not None:
-                        await _bounded(shard.aclose(), "shard")
-
-    async def _read(self, pubsub: Any) -> None:
-        while not self._closing:
-            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-            if message is not None and message["type"] == "smessage":
-                self._notice(message["data"])
-
-    def _notice(self, data: bytes) -> None:
-        """`digest/route`, then for a completion `\\n fingerprint \\n response`; or a
-        delivery notice, starting with `!`."""
-        if data[:1] == b"!":
-            self._delivery_notice(data)
-            return
-        member, _, notice = data.partition(b"\n")
-        digest = member.split(b"/", 1)[0].decode()
-        if not self.notifier.watching(digest):
-            return  # every process hears every bucket; most notices are for others
-        completed = None
-        if notice:
-            fingerprint, _, blob = notice.partition(b"\n")
-            response, _ = self.read_response(digest, blob)
-            if response is not None:  # unreadable: the waiter reads the record instead
-                completed = (fingerprint.decode(), response)
-        self.notifier.notify(digest, completed)
-
-
-async def _bounded(closing: Awaitable[Any], what: str) -> None:
-    try:
-        async with asyncio.timeout(1):
-            await closing
-    except (TimeoutError, RedisError, OSError) as exc:
-        log.warning("closing the redis %s did not finish cleanly: %r", what, exc)
 
 
 def _bucket(digest: str) -> int:
