@@ -1,4 +1,5 @@
-"""Stored responses at rest: plain, or sealed with AES-256-GCM (`store.encryption_key`).
+"""Stored responses (and a delivery's request and status token) at rest: plain, or
+sealed with AES-256-GCM (`store.encryption_key`).
 
 A sealed response (status, headers and body together) is an envelope:
 
@@ -10,6 +11,11 @@ without revealing it. The associated data is the envelope's first 5 bytes and th
 record's digest (route, scope and key), so a ciphertext copied into another
 record's field does not open. New responses are sealed with `encryption_key`;
 `previous_encryption_keys` only open old ones.
+
+A delivery's stored request and its status token are sealed the same way, with
+their kind (KIND_REQUEST, KIND_TOKEN) added to the associated data: a sealed
+request copied into a response's field (or a token into the request's) does not
+open. Responses have the empty kind, so every response stored before still opens.
 
 A plain response (what `StoredResponse.encode` writes, always starting with `[`) is
 what a store without `encryption_key` writes and reads. With `encryption_key` set, a
@@ -35,7 +41,7 @@ import hmac
 import os
 from typing import TYPE_CHECKING
 
-from gateway.records import StoredResponse
+from gateway.records import StoredRequest, StoredResponse
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -47,6 +53,12 @@ NONCE_BYTES = 12
 TAG_BYTES = 16
 _HEADER = 1 + KEY_ID_BYTES
 KEYGEN_HINT = "generate one with `idempotency-gateway keygen` (32 random bytes, urlsafe base64)"
+
+#: What a sealed value is, authenticated with it (responses: empty, as before kinds).
+KIND_RESPONSE = b""
+KIND_REQUEST = b"\x00request"
+KIND_TOKEN = b"\x00token"
+_NOUNS = {KIND_RESPONSE: "response", KIND_REQUEST: "request", KIND_TOKEN: "status token"}
 
 
 class Unreadable(ValueError):
@@ -120,14 +132,26 @@ class ResponseCodec:
     def writer_id(self) -> str:
         return self._writer[0].hex() if self._writer is not None else ""
 
-    def encode(self, digest: str, response: StoredResponse) -> bytes:
-        plain = response.encode()
+    def seal(self, digest: str, kind: bytes, plain: bytes) -> bytes:
+        """`plain` as stored in record `digest`: sealed with the writer key, if any."""
         if self._writer is None:
             return plain
         kid, aead = self._writer
         header = VERSION + kid
         nonce = os.urandom(NONCE_BYTES)
-        return header + nonce + aead.encrypt(nonce, plain, _associated(header, digest))
+        return header + nonce + aead.encrypt(nonce, plain, _associated(header, digest, kind))
+
+    def open(self, digest: str, kind: bytes, data: bytes) -> bytes:
+        """What `seal(digest, kind, ...)` was given. Unreadable if it does not open,
+        or is plain while plain values are refused."""
+        if data[:1] == VERSION:
+            return self._open(digest, data, kind)
+        if self._refuse_plain:
+            raise Unreadable(PLAIN_REFUSED)
+        return data
+
+    def encode(self, digest: str, response: StoredResponse) -> bytes:
+        return self.seal(digest, KIND_RESPONSE, response.encode())
 
     def decode(self, digest: str, data: bytes) -> StoredResponse:
         if data[:1] == VERSION:
@@ -137,9 +161,29 @@ class ResponseCodec:
             raise Unreadable(PLAIN_REFUSED)
         return _plain(data)
 
-    def _open(self, digest: str, data: bytes) -> bytes:
+    def encode_request(self, digest: str, request: StoredRequest) -> bytes:
+        return self.seal(digest, KIND_REQUEST, request.encode())
+
+    def decode_request(self, digest: str, data: bytes) -> StoredRequest:
+        plain = self.open(digest, KIND_REQUEST, data)
+        try:
+            return StoredRequest.decode(plain)
+        except (ValueError, TypeError):
+            raise Unreadable("the stored bytes are damaged: not a stored request") from None
+
+    def encode_token(self, digest: str, token: str) -> bytes:
+        return self.seal(digest, KIND_TOKEN, token.encode())
+
+    def decode_token(self, digest: str, data: bytes) -> str:
+        try:
+            return self.open(digest, KIND_TOKEN, data).decode("ascii")
+        except UnicodeDecodeError:
+            raise Unreadable("the stored bytes are damaged: not a status token") from None
+
+    def _open(self, digest: str, data: bytes, kind: bytes = KIND_RESPONSE) -> bytes:
+        noun = _NOUNS.get(kind, "value")
         if len(data) < _HEADER + NONCE_BYTES + TAG_BYTES:
-            raise Unreadable("the stored bytes are damaged: too short for an encrypted response")
+            raise Unreadable(f"the stored bytes are damaged: too short for an encrypted {noun}")
         header, nonce = data[:_HEADER], data[_HEADER : _HEADER + NONCE_BYTES]
         kid = header[1:].hex()
         aead = self._readers.get(header[1:])
@@ -153,7 +197,7 @@ class ResponseCodec:
 
         try:
             sealed = data[_HEADER + NONCE_BYTES :]
-            return aead.decrypt(nonce, sealed, _associated(header, digest))
+            return aead.decrypt(nonce, sealed, _associated(header, digest, kind))
         except InvalidTag:
             raise Unreadable(
                 f"it does not decrypt with key id {kid}: it was changed in the store, or "
@@ -175,10 +219,11 @@ def _plain(data: bytes) -> StoredResponse:
         raise Unreadable("the stored bytes are damaged: not a stored response") from None
 
 
-def _associated(header: bytes, digest: str) -> bytes:
-    """Authenticated with the ciphertext: the envelope header (version, key id) and
-    the record it belongs to."""
-    return header + digest.encode()
+def _associated(header: bytes, digest: str, kind: bytes = KIND_RESPONSE) -> bytes:
+    """Authenticated with the ciphertext: the envelope header (version, key id), the
+    record it belongs to, and what it is (a digest is hex, so no kind can be confused
+    with part of another digest)."""
+    return header + digest.encode() + kind
 
 
 PLAIN = ResponseCodec()

@@ -16,8 +16,27 @@ engine, the reconciler and the operator API only ask for them):
     claimed     --resolve(holder) done--> completed
     claimed     --resolve(holder) retry-> released
 
-Unresolved, parked and claimed records never expire. A released record is a
-tombstone that keeps its history until its ttl; the next claim carries it on.
+Delivery records (made by `accept`, `Record.delivery`; routes with delivery: async)
+hold their request, stored apart, until they settle:
+
+    (none)|released --accept(run)-->       queued      (request stored, due now; caller got 202)
+    queued|retrying (due) --pick(run')-->  in_flight   (attempt n+1: a new run id, a lease)
+    queued|retrying --pick, none left-->   parked      (the attempt limit was lowered)
+    in_flight   --complete(run')-->        completed   (request deleted)
+    in_flight   --retry_later(run', delay)-> retrying  (never sent, or a status not cached)
+    in_flight   --retry_later(run', none)--> parked    (attempts exhausted)
+    in_flight   --unknown|lease ran out--> unresolved | parked (per policy; never retried)
+    unresolved  --check: not done-->       retrying    (parked when no attempt is left)
+    claimed     --resolve(holder) retry--> queued      (attempts start again from 0)
+
+Every other move above applies to delivery records unchanged (a late answer, check
+done, operator claim and takeover, resolve done); each one that settles the key
+deletes its request in the same step. An expired delivery lease under policy
+`release` becomes unresolved: what a caller was told is accepted is never dropped.
+
+Unresolved, parked, claimed, queued and retrying records never expire. A released
+record is a tombstone that keeps its history until its ttl; the next claim (or
+accept) carries it on.
 """
 
 from __future__ import annotations
@@ -41,10 +60,17 @@ class State(StrEnum):
     CLAIMED = "claimed"
     #: decided "run it again" by a check or a person; the next request runs it
     RELEASED = "released"
+    #: a delivery accepted (202) and waiting for its first attempt
+    QUEUED = "queued"
+    #: a delivery whose last attempt was never sent or refused: due again at `due_ms`
+    RETRYING = "retrying"
 
 
 #: States that need a decision before the key can run again.
 OPEN_STATES = frozenset({State.UNRESOLVED, State.PARKED, State.CLAIMED})
+
+#: Deliveries waiting for an attempt (neither counts among the open states).
+QUEUE_STATES = frozenset({State.QUEUED, State.RETRYING})
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +116,30 @@ _META_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 @dataclass(frozen=True, slots=True)
+class StoredRequest:
+    """A delivery's request, as it was accepted, to be sent at each attempt."""
+
+    method: str
+    #: the path as matched and forwarded, with "?" and the query if there was one
+    target: str
+    #: as forwarded at acceptance, minus delivery.drop_headers and the key header
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+    def encode(self) -> bytes:
+        meta = _META_ENCODER.encode([self.method, self.target, self.headers]).encode()
+        return meta + b"\n" + self.body
+
+    @classmethod
+    def decode(cls, data: bytes) -> StoredRequest:
+        meta, _, body = data.partition(b"\n")
+        method, target, headers = json.loads(meta)
+        if not isinstance(method, str) or not isinstance(target, str):
+            raise TypeError("method and target must be text")
+        return cls(method, target, tuple((k, v) for k, v in headers), body)
+
+
+@dataclass(frozen=True, slots=True)
 class Record:
     """A snapshot of one key's record, as the store returned it."""
 
@@ -114,6 +164,14 @@ class Record:
     last_check_ms: int = 0
     reconcile: dict[str, Any] = field(default_factory=dict)  # last check and its answer
     history: tuple[dict[str, Any], ...] = ()
+    #: made by `accept`: a delivery, whose request the store keeps until it settles
+    delivery: bool = False
+    attempts: int = 0  # delivery attempts started
+    due_ms: int = 0  # when a queued or retrying delivery is due
+    #: the last delivery attempt that did not complete it: result, status, error
+    last_attempt: dict[str, Any] = field(default_factory=dict)
+    #: the status URL's token, opened ("" if it cannot be); never in to_json()
+    token: str = field(default="", repr=False)
 
     @property
     def age(self) -> float:
@@ -149,8 +207,17 @@ class Record:
                 "origin": self.response.origin,
                 "body_omitted": self.response.body_omitted,
             }
+        if self.delivery:
+            doc["delivery"] = {
+                "attempts": self.attempts,
+                "next_attempt_ms": self.due_ms or None,
+                "last_attempt": self.last_attempt,
+            }
         # The current run's start is implied by `created_ms`, not stored twice; a
-        # history carried over from released runs comes before it.
-        created = {"at_ms": self.created_ms, "event": "forwarded", "run_id": self.run_id}
+        # history carried over from released runs comes before it. A delivery's
+        # run id changes at each attempt: each attempt's event names its own.
+        created: dict[str, Any] = {"at_ms": self.created_ms, "event": "accepted"}
+        if not self.delivery:
+            created = {"at_ms": self.created_ms, "event": "forwarded", "run_id": self.run_id}
         doc["history"] = sorted([*self.history, created], key=lambda e: int(e["at_ms"]))
         return doc

@@ -27,7 +27,7 @@ from gateway.config import parse_config
 from gateway.encryption import PLAIN, ResponseCodec, Unreadable, key_id, new_key, parse_key
 from gateway.errors import ConfigError
 from gateway.keys import record_digest
-from gateway.records import KeyRef, State, StoredResponse
+from gateway.records import KeyRef, State, StoredRequest, StoredResponse
 from gateway.store.base import codec_for
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import BUCKETS, RedisStore
@@ -107,6 +107,51 @@ def test_envelope_is_bound_to_its_record() -> None:
     other_route = record_digest("other", "", "a")
     with pytest.raises(Unreadable):
         codec.decode(other_route, codec.encode(here, RESPONSE))
+
+
+def test_responses_sealed_before_kinds_existed_still_open() -> None:
+    """A response sealed the way every earlier release sealed it (associated data:
+    envelope header and digest, nothing more) opens as it did."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    digest = record_digest(ROUTE, "", "k-old")
+    header, nonce = b"\x01" + ID1, bytes(range(12))
+    sealed = AESGCM(RAW1).encrypt(nonce, RESPONSE.encode(), header + digest.encode())
+    assert ResponseCodec(RAW1).decode(digest, header + nonce + sealed) == RESPONSE
+    assert ResponseCodec(RAW2, (RAW1,)).decode(digest, header + nonce + sealed) == RESPONSE
+
+
+def test_requests_and_tokens_are_sealed_bound_to_their_kind_and_record() -> None:
+    codec = ResponseCodec(RAW1)
+    here, there = record_digest(ROUTE, "", "a"), record_digest(ROUTE, "", "b")
+    request = StoredRequest("POST", "/jobs/x?a=1", (("x-user", PERSONAL), ("x-a", "\n")), b"\n{")
+    sealed = codec.encode_request(here, request)
+    assert PERSONAL.encode() not in sealed and b"/jobs/x" not in sealed
+    assert codec.decode_request(here, sealed) == request
+    token = codec.encode_token(here, "Qk3-9w_0123456789abcd")
+    assert b"Qk3" not in token and codec.decode_token(here, token) == "Qk3-9w_0123456789abcd"
+    with pytest.raises(Unreadable, match="copied from another record"):
+        codec.decode_request(there, sealed)
+    # A sealed request or token moved into another field of its own record does not open.
+    with pytest.raises(Unreadable):
+        codec.decode(here, sealed)
+    with pytest.raises(Unreadable):
+        codec.decode_token(here, sealed)
+    with pytest.raises(Unreadable):
+        codec.decode_request(here, token)
+    with pytest.raises(Unreadable):
+        codec.decode_request(here, codec.encode(here, RESPONSE))
+    # Plain ones: read without a key, refused with one unless read_unencrypted.
+    assert PLAIN.decode_request(here, request.encode()) == request
+    assert PLAIN.decode_token(here, PLAIN.encode_token(here, "t")) == "t"
+    with pytest.raises(Unreadable, match="unencrypted"):
+        codec.decode_request(here, request.encode())
+    with pytest.raises(Unreadable, match="unencrypted"):
+        codec.decode_token(here, b"t")
+    migrating = ResponseCodec(RAW1, read_plain=True)
+    assert migrating.decode_request(here, request.encode()) == request
+    with pytest.raises(Unreadable, match="not a stored request"):
+        PLAIN.decode_request(here, b'["POST"]\nbody')
 
 
 def test_reading_picks_the_key_by_its_id() -> None:

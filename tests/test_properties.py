@@ -249,9 +249,12 @@ def test_record_names_are_hashed_and_tagged(ledger: Ledger) -> None:
             assert keys[0] == tag + digest
             assert all(k.startswith(tag) for k in keys) and channel.startswith(tag)
             assert member == f"{digest}/{route}"
-            # Only hex digests and fixed names: a user's key never reaches a Redis name.
+            # Only hex digests, fixed names and the route's (config, not the caller's): a
+            # user's key never reaches a Redis name.
             indexes = [tag + "i:" + s for s in ("in_flight", "unresolved", "parked", "claimed")]
-            assert keys == [tag + digest, *indexes] and channel == tag + "c"
+            due = [tag + "i:queued:" + route, tag + "i:retrying:" + route]
+            rest = [tag + "qr", tag + "rq:" + digest]
+            assert keys == [tag + digest, *indexes, *due, *rest] and channel == tag + "c"
 
         try:
             check()

@@ -4,6 +4,7 @@ scripts that write the fields and the decoder that reads them: neither can drift
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from importlib import resources
 
@@ -115,7 +116,8 @@ def test_a_record_decodes_every_field_of_the_legend() -> None:
         b"k", b"key-1", b"l", b"9", b"w", b"1", b"resp", store.codec.encode("d", response),
         b"why", b"lease_expired", b"h", b'[{"event": "unknown"}]', b"ck", b"11",
         b"ckt", b"token", b"lc", b"10", b"rc", b'{"result": "inconclusive"}', b"op", b"alice",
-        b"os", b"12",
+        b"os", b"12", b"dl", b"1", b"n", b"3", b"due", b"13", b"la", b'{"status": 503}',
+        b"tk", store.codec.encode_token("d", "tok"),
     ]  # fmt: skip
     assert sorted(flat[::2]) == sorted(name.encode() for name in FIELDS)
     record = decode_record(store, "d", 99, flat)
@@ -138,6 +140,29 @@ def test_a_record_decodes_every_field_of_the_legend() -> None:
         last_check_ms=10,
         reconcile={"result": "inconclusive"},
         history=({"event": "unknown"},),
+        delivery=True,
+        attempts=3,
+        due_ms=13,
+        last_attempt={"status": 503},
+        token="tok",
     )
     bare = decode_record(store, "d", 99, [b"s", b"in_flight"])
     assert bare == Record("d", "", "", State.IN_FLIGHT, "", "", 0, 99)
+
+
+def test_a_delivery_record_shows_its_attempts_never_its_token() -> None:
+    token = "Qk3-9w_0123456789abcd"
+    record = Record(
+        "d", "jobs", "k", State.RETRYING, "run-2", "fp", 5, 99, delivery=True, attempts=2,
+        due_ms=120, last_attempt={"result": "status", "status": 503}, token=token,
+        history=({"at_ms": 50, "event": "attempt", "attempt": 1},),
+    )  # fmt: skip
+    doc = record.to_json()
+    assert token not in json.dumps(doc) and token not in repr(record)
+    assert doc["delivery"] == {
+        "attempts": 2,
+        "next_attempt_ms": 120,
+        "last_attempt": {"result": "status", "status": 503},
+    }
+    assert [e["event"] for e in doc["history"]] == ["accepted", "attempt"]
+    assert "delivery" not in Record("d", "", "", State.IN_FLIGHT, "", "", 0, 99).to_json()

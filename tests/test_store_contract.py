@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
-from gateway.records import KeyRef, State, StoredResponse
-from gateway.store.base import Store
+from gateway.config import StoreConfig
+from gateway.errors import StoreError
+from gateway.records import KeyRef, State, StoredRequest, StoredResponse
+from gateway.store.base import ExpiredPolicy, PickResult, Store
+from gateway.store.notices import Due
+from gateway.store.redis import RedisStore
 from tests.conftest import ALL_STORES, unique
+from tests.support.servers import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("store_kind", ALL_STORES)]
 
@@ -362,3 +368,351 @@ async def test_open_records_and_stats_come_from_indexes(store: Store) -> None:
     assert stats[("send-reminder", State.UNRESOLVED)].count >= 1
     assert stats[("send-reminder", State.PARKED)].oldest_seconds >= 0
     assert ("send-reminder", State.IN_FLIGHT) not in stats
+
+
+# -- deliveries: accept, pick, retry_later ------------------------------------------
+
+REQUEST = StoredRequest(
+    "POST", "/jobs/send?period=2026-11", (("content-type", "application/json"),), b'{"n":1}'
+)
+TOKEN = "Qk3-9w_0123456789abcd"
+ATTEMPT = {"result": "status", "status": 503}
+
+
+class Heard:
+    """The store's delivery notices, as a worker would hear them."""
+
+    def __init__(self, store: Store) -> None:
+        self.due: list[Due] = []
+        self.taken: list[str] = []
+        self.lost = 0
+        store.due.listen(self.due.append, self.taken.append, self.on_lost)
+
+    def on_lost(self) -> None:
+        self.lost += 1
+
+    async def subscribed(self, store: Store) -> Heard:
+        """Once the store hears its notices (Redis subscribes in the background)."""
+        subscribed = getattr(store, "subscribed", None)
+        if subscribed is not None:
+            await asyncio.wait_for(subscribed.wait(), 10)
+        return self
+
+    async def until(self, found: Callable[[], bool]) -> None:
+        for _ in range(100):  # pub/sub delivers in another task: give it up to 5 s
+            if found():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the notice never came")
+
+
+async def accepted(store: Store, run: str = "run-a") -> KeyRef:
+    r = ref()
+    result = await store.accept(r, run, "fp", REQUEST, TOKEN, origin="replica-a")
+    assert result.outcome == "queued" and result.record is None and result.now_ms > 0
+    return r
+
+
+async def picked(store: Store, r: KeyRef, run: str = "run-1", **limits: Any) -> PickResult:
+    limits = {"lease": 30, "max_attempts": 8, "replica": "replica-b", **limits}
+    return await store.pick(r.route, r, run, **limits)
+
+
+async def test_accept_queues_a_free_key_with_its_request_and_token(store: Store) -> None:
+    r = await accepted(store)
+    record = await store.get(r)
+    assert record is not None and record.state is State.QUEUED and record.delivery
+    assert (record.run_id, record.fingerprint, record.route, record.key) == (
+        "run-a",
+        "fp",
+        r.route,
+        r.key,
+    )
+    assert record.attempts == 0 and 0 < record.due_ms <= record.now_ms
+    assert record.token == TOKEN and TOKEN not in str(record.to_json())
+    assert await store.get_request(r) == REQUEST
+    # The same accept retried finds its own record; the caller counts it as queued.
+    again = await store.accept(r, "run-a", "fp", REQUEST, TOKEN)
+    assert again.outcome == "exists" and again.record is not None
+    assert again.record.run_id == "run-a" and again.record.state is State.QUEUED
+
+
+async def test_accept_never_overwrites_an_existing_key(store: Store) -> None:
+    r = await accepted(store)
+    other = StoredRequest("POST", "/other", (), b"other")
+    found = await store.accept(r, "run-b", "fp2", other, "another-token-000000000")
+    assert found.outcome == "exists" and found.record is not None
+    assert found.record.run_id == "run-a" and found.record.fingerprint == "fp"
+    assert found.record.token == TOKEN and await store.get_request(r) == REQUEST
+    # Nor a sync key: in flight or completed, it stays what it is, with no request.
+    sync = ref()
+    await store.claim(sync, "run-1", "fp", 30)
+    held = await store.accept(sync, "run-b", "fp", REQUEST, TOKEN)
+    assert held.outcome == "exists" and held.record is not None
+    assert held.record.state is State.IN_FLIGHT and not held.record.delivery
+    await store.complete(sync, "run-1", RESPONSE, 60)
+    done = await store.accept(sync, "run-b", "fp", REQUEST, TOKEN, admit=False)
+    assert done.outcome == "exists" and done.record is not None
+    assert done.record.response == RESPONSE
+    assert await store.get_request(sync) is None
+
+
+async def test_accept_refused_admission_stores_nothing(store: Store) -> None:
+    r = ref()
+    full = await store.accept(r, "run-a", "fp", REQUEST, TOKEN, admit=False)
+    assert full.outcome == "full" and full.record is None
+    assert await store.get(r) is None and await store.get_request(r) is None
+    assert await store.queue_stats() == []
+
+
+async def test_accepted_delivery_is_listed_counted_and_announced(store: Store) -> None:
+    heard = await Heard(store).subscribed(store)
+    r = await accepted(store)
+    candidates, now = await store.due_candidates(r.route, 10)
+    assert [c.ref.digest for c in candidates] == [r.digest] and now > 0
+    assert candidates[0].due_ms <= now
+    [stat] = await store.queue_stats()
+    assert (stat.route, stat.queued, stat.retrying) == (r.route, 1, 0)
+    assert stat.oldest_wait_seconds >= 0
+    await heard.until(lambda: any(d.ref.digest == r.digest for d in heard.due))
+    [due] = [d for d in heard.due if d.ref.digest == r.digest]
+    assert due.origin == "replica-a" and due.ref.route == r.route and due.now_ms >= due.due_ms
+    assert (await store.due_candidates("another-route", 10))[0] == []
+
+
+async def test_picked_delivery_is_not_picked_again(store: Store) -> None:
+    heard = await Heard(store).subscribed(store)
+    r = await accepted(store)
+    first = await picked(store, r)
+    assert first.why == "" and first.record is not None
+    assert first.record.state is State.IN_FLIGHT and first.record.run_id == "run-1"
+    assert first.record.attempts == 1 and first.record.lease_until_ms > first.now_ms
+    assert store.codec.decode_request(r.digest, first.request) == REQUEST
+    attempt = first.record.history[-1]
+    assert (attempt["event"], attempt["attempt"], attempt["run_id"], attempt["replica"]) == (
+        "attempt",
+        1,
+        "run-1",
+        "replica-b",
+    )
+    second = await picked(store, r, "run-2")
+    assert second.record is None and second.why == "gone"
+    record = await store.get(r)
+    assert record is not None and record.run_id == "run-1" and record.attempts == 1
+    assert (await store.due_candidates(r.route, 10))[0] == []
+    assert await store.queue_stats() == []
+    await heard.until(lambda: r.digest in heard.taken)
+
+
+async def test_pick_never_claims_a_delivery_that_is_not_due(store: Store) -> None:
+    r = await accepted(store)
+    await picked(store, r)
+    assert await store.retry_later(r, "run-1", 30, ATTEMPT)
+    early = await picked(store, r, "run-2")
+    assert early.record is None and early.why == "not_due"
+    assert early.due_ms >= early.now_ms + 29_000
+    assert early.next is not None and early.next.ref.digest == r.digest
+    record = await store.get(r)
+    assert record is not None and record.state is State.RETRYING and record.run_id == "run-1"
+
+
+async def test_pick_never_starts_an_attempt_over_the_limit(store: Store) -> None:
+    r = await accepted(store)
+    await picked(store, r, max_attempts=1)
+    assert await store.retry_later(r, "run-1", 0, ATTEMPT)
+    over = await picked(store, r, "run-2", max_attempts=1, park_reason="attempts exhausted")
+    assert over.record is None and over.why == "exhausted"
+    record = await store.get(r)
+    assert record is not None and record.state is State.PARKED
+    assert record.attempts == 1 and record.reason == "attempts exhausted"
+    assert await store.get_request(r) == REQUEST  # kept for a person's retry
+    fresh = await accepted(store)  # a limit lowered to 0: parked before any attempt
+    assert (await picked(store, fresh, max_attempts=0, park_reason="gone")).why == "exhausted"
+
+
+async def test_stale_run_cannot_schedule_a_retry(store: Store) -> None:
+    r = await accepted(store)
+    await picked(store, r)
+    assert not await store.retry_later(r, "run-a", 1, ATTEMPT)  # the acceptance's run id
+    assert await store.retry_later(r, "run-1", 1, ATTEMPT)
+    assert await store.retry_later(r, "run-1", 1, ATTEMPT)  # the same call, retried
+    assert not await store.retry_later(r, "run-1", 1, {"result": "not_sent"})
+    record = await store.get(r)
+    assert record is not None and record.state is State.RETRYING
+    assert record.last_attempt == ATTEMPT and record.due_ms > record.now_ms
+    assert [e["event"] for e in record.history] == ["attempt", "retry_scheduled"]
+    sync = ref()  # a sync key is never scheduled
+    await store.claim(sync, "run-1", "fp", 30)
+    assert not await store.retry_later(sync, "run-1", 1, ATTEMPT)
+
+
+async def test_retried_delivery_is_due_again_and_picked(store: Store) -> None:
+    heard = await Heard(store).subscribed(store)
+    r = await accepted(store)
+    await picked(store, r)
+    assert await store.retry_later(r, "run-1", 0.05, ATTEMPT, origin="replica-b")
+    await heard.until(lambda: any(d.origin == "replica-b" for d in heard.due))
+    [due] = [d for d in heard.due if d.origin == "replica-b"]
+    assert due.ref.digest == r.digest and due.due_ms >= due.now_ms + 50
+    [stat] = await store.queue_stats()
+    assert (stat.queued, stat.retrying) == (0, 1)
+    await asyncio.sleep(0.1)
+    again = await picked(store, r, "run-2")
+    assert again.record is not None and again.record.attempts == 2
+    assert again.record.last_attempt == ATTEMPT
+    assert [e["event"] for e in again.record.history] == ["attempt", "retry_scheduled", "attempt"]
+
+
+async def test_retry_later_without_delay_parks_with_the_reason(store: Store) -> None:
+    r = await accepted(store)
+    await picked(store, r)
+    last = {**ATTEMPT, "reason": "attempts exhausted after 8"}
+    assert await store.retry_later(r, "run-1", None, last)
+    record = await store.get(r)
+    assert record is not None and record.state is State.PARKED
+    assert record.reason == "attempts exhausted after 8" and record.last_attempt == last
+    assert await store.get_request(r) == REQUEST
+
+
+@pytest.mark.parametrize("settle", ["complete", "release"])
+async def test_settling_a_delivery_deletes_its_request(store: Store, settle: str) -> None:
+    r = await accepted(store)
+    await picked(store, r)
+    if settle == "complete":
+        assert await store.complete(r, "run-1", RESPONSE, 60, {"result": "completed"})
+    else:
+        assert await store.release(r, "run-1", 60, "test")
+    assert await store.get_request(r) is None
+    record = await store.get(r)
+    assert record is not None
+    if settle == "complete":
+        assert record.state is State.COMPLETED and record.response == RESPONSE
+        assert record.last_attempt == {"result": "completed"} and record.token == TOKEN
+    else:
+        assert record.state is State.RELEASED
+    assert await store.queue_stats() == []
+
+
+@pytest.mark.parametrize("policy", ["unresolved", "parked", "release"])
+async def test_expired_delivery_lease_is_never_retried_or_dropped(
+    store: Store, policy: ExpiredPolicy
+) -> None:
+    r = await accepted(store)
+    await picked(store, r, lease=0.05)
+    await asyncio.sleep(0.15)
+    [(changed, state)] = await store.expire_leases(lambda route: policy)
+    expected = "parked" if policy == "parked" else "unresolved"
+    assert changed.digest == r.digest and state == expected
+    record = await store.get(r)
+    assert record is not None and record.state is State(expected)
+    assert record.reason == "lease_expired" and record.run_id == "run-1"
+    assert await store.get_request(r) == REQUEST
+    assert await store.queue_stats() == []
+
+
+@pytest.mark.parametrize(("result", "retry_in", "after"), [
+    ("not_done", 0.0, "retrying"), ("not_done", None, "parked"), ("done", None, "completed"),
+])  # fmt: skip
+async def test_a_check_decides_an_unresolved_delivery(
+    store: Store, result: str, retry_in: float | None, after: str
+) -> None:
+    r = await accepted(store)
+    await picked(store, r)
+    assert await store.mark_unresolved(r, "run-1", "read timeout")
+    assert await store.begin_check(r, "run-1", 30, 0)
+    answer = {"status": 404 if result == "not_done" else 200}
+    response = RESPONSE if result == "done" else None
+    got = await store.end_check(r, "run-1", result, answer, response, 60, 3600, retry_in)
+    assert got == after
+    record = await store.get(r)
+    assert record is not None and record.state is State(after)
+    kept = await store.get_request(r)
+    assert kept == (None if after == "completed" else REQUEST)
+    if after == "retrying":
+        again = await picked(store, r, "run-2")
+        assert again.record is not None and again.record.attempts == 2
+
+
+@pytest.mark.parametrize("outcome", ["retry", "done"])
+async def test_operator_resolves_a_parked_delivery(store: Store, outcome: str) -> None:
+    heard = await Heard(store).subscribed(store)
+    r = await accepted(store)
+    await picked(store, r, max_attempts=1)
+    assert await store.retry_later(r, "run-1", None, ATTEMPT)
+    assert (await store.operator_claim(r, "alice", force=False)).ok
+    response = StoredResponse(200, (), b"by hand", origin="operator")
+    result = await store.operator_resolve(r, "alice", outcome, "", response, 60)
+    record = await store.get(r)
+    assert record is not None and result.ok
+    if outcome == "done":
+        assert result.state == "completed" and await store.get_request(r) is None
+        return
+    assert result.state == "queued" and record.state is State.QUEUED
+    assert record.attempts == 0 and not record.holder and record.due_ms <= record.now_ms
+    await heard.until(lambda: len([d for d in heard.due if d.ref.digest == r.digest]) == 2)
+    again = await picked(store, r, "run-2", max_attempts=1)
+    assert again.record is not None and again.record.attempts == 1
+
+
+async def test_operators_cannot_claim_queued_or_retrying_deliveries(store: Store) -> None:
+    r = await accepted(store)
+    assert (await store.operator_claim(r, "alice", force=True)).state == "queued"
+    await picked(store, r)
+    await store.retry_later(r, "run-1", 30, ATTEMPT)
+    refused = await store.operator_claim(r, "alice", force=True)
+    assert not refused.ok and refused.refused == "state" and refused.state == "retrying"
+
+
+async def test_queue_reads_split_by_route_and_state_earliest_first(store: Store) -> None:
+    first, second = await accepted(store), await accepted(store)
+    other = KeyRef(ref().digest, "other-route", "k")
+    await store.accept(other, "run-a", "fp", REQUEST, TOKEN)
+    await picked(store, second)
+    await store.retry_later(second, "run-1", 30, ATTEMPT)
+    stats = {s.route: s for s in await store.queue_stats()}
+    assert (stats[first.route].queued, stats[first.route].retrying) == (1, 1)
+    assert (stats["other-route"].queued, stats["other-route"].retrying) == (1, 0)
+    candidates, _ = await store.due_candidates(first.route, 10)
+    assert [c.ref.digest for c in candidates] == [first.digest, second.digest]
+    assert candidates[0].due_ms < candidates[1].due_ms
+
+
+async def test_a_store_says_when_delivery_notices_may_have_been_missed(
+    make_store: Callable[[], Store], store_kind: str
+) -> None:
+    """On (re)subscribing, Redis reports `lost`: the workers rescan. An in-process
+    store never misses one."""
+    fresh = make_store()
+    heard = Heard(fresh)
+    await fresh.start()
+    try:
+        if store_kind == "memory":
+            assert heard.lost == 0
+        else:
+            await heard.until(lambda: heard.lost >= 1)
+    finally:
+        await fresh.close()
+
+
+async def test_an_accept_the_replicas_did_not_confirm_is_an_error_and_stays_queued(
+    store_kind: str, request: pytest.FixtureRequest
+) -> None:
+    """wait_for_replicas on a server with none: the caller gets a store error (503,
+    not 202), and the delivery stays queued for a repeat to find (nothing dropped)."""
+    if store_kind != "redis":
+        pytest.skip("WAIT: a single Redis server without replicas")
+    server: RedisServer = request.getfixturevalue("redis_server")
+    config = StoreConfig(
+        url=server.url, prefix=unique("t") + ":", wait_for_replicas=1, socket_timeout=0.3
+    )
+    replicated = RedisStore(config)
+    await replicated.start()
+    try:
+        r = ref()
+        with pytest.raises(StoreError):
+            await replicated.accept(r, "run-a", "fp", REQUEST, TOKEN)
+        record = await replicated.get(r)
+        assert record is not None and record.state is State.QUEUED
+        assert await replicated.get_request(r) == REQUEST
+    finally:
+        await replicated.close()

@@ -7,6 +7,13 @@ leases and ages. Every state change is conditional on the run id (or operator)
 that is allowed to make it, and is safe to repeat: a retried command that already
 took effect reports success again instead of doing it twice.
 
+Deliveries (routes with delivery: async) add a queue on the same records: `accept`
+stores a request and queues it, `pick` claims a due one for an attempt, and
+`retry_later` schedules the next; the engine settles an attempt as it settles a sync
+forward. Workers are woken by `due` notices (at-most-once, like `notifier`) and their
+own timers; `due_candidates` is the rescan for notices that were lost, and reads the
+due indexes only.
+
 Both implementations pass the contract suite in tests/test_store_contract.py.
 """
 
@@ -15,18 +22,19 @@ from __future__ import annotations
 import abc
 import asyncio
 import random
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.encryption import PLAIN, ResponseCodec, Unreadable
-from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredResponse
+from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredRequest, StoredResponse
+from gateway.store.notices import Due, DueFeed, Notifier, Watch
 
 if TYPE_CHECKING:
     from gateway.config import StoreConfig
 
-#: What an in_flight record whose lease ran out becomes, per route policy.
+#: What an in_flight record whose lease ran out becomes, per route policy (a
+#: delivery's, under "release", becomes unresolved: it is never dropped or resent blind).
 ExpiredPolicy = Literal["unresolved", "parked", "release"]
 
 #: The ExpiredPolicy for each `on_unknown_outcome` setting of a route.
@@ -125,6 +133,40 @@ class OperatorResult:
     holder_since_ms: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """What `accept` did: "queued" (the key is now queued for the caller's run),
+    "exists" (`record` is what was there) or "full" (not admitted: nothing stored)."""
+
+    outcome: Literal["queued", "exists", "full"]
+    now_ms: int
+    record: Record | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PickResult:
+    #: the record, in_flight for the caller's run id, or None if nothing was picked
+    record: Record | None
+    #: its stored request, sealed by the codec (the engine opens it); b"" if none
+    request: bytes = b""
+    #: "" picked, "gone" (not queued or retrying), "not_due", "exhausted" (parked)
+    why: str = ""
+    #: when "not_due": when it is due
+    due_ms: int = 0
+    #: the next due delivery of the route the store saw, if any
+    next: Due | None = None
+    now_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStat:
+    route: str
+    queued: int
+    retrying: int
+    #: the longest a due delivery has waited: queued since accepted, retrying since due
+    oldest_wait_seconds: float
+
+
 class Store(abc.ABC):
     """Records of idempotency keys. See the module docstring for the guarantees.
 
@@ -137,6 +179,7 @@ class Store(abc.ABC):
 
     def __init__(self, codec: ResponseCodec = PLAIN) -> None:
         self.notifier = Notifier()
+        self.due = DueFeed()
         self.codec = codec
 
     def read_response(self, digest: str, data: bytes) -> tuple[StoredResponse | None, str]:
@@ -145,6 +188,14 @@ class Store(abc.ABC):
             return self.codec.decode(digest, data), ""
         except Unreadable as exc:
             return None, str(exc)
+
+    def read_token(self, digest: str, data: bytes) -> str:
+        """The status token stored as `data`, or "" if it cannot be opened (a status
+        request then finds nothing: the record itself is kept as it is)."""
+        try:
+            return self.codec.decode_token(digest, data)
+        except Unreadable:
+            return ""
 
     async def start(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Connect (and subscribe to change notifications). Called once."""
@@ -200,21 +251,29 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def complete(
-        self, ref: KeyRef, run_id: str, response: StoredResponse, ttl: float
+        self,
+        ref: KeyRef,
+        run_id: str,
+        response: StoredResponse,
+        ttl: float,
+        attempt: dict[str, Any] | None = None,
     ) -> bool:
         """Store the response and make the record `completed`, expiring after `ttl`.
 
         Only the run that claimed the key may complete it, and only from `in_flight`
         or `unresolved` (a late answer is still the answer). Returns False, changing
         nothing, for any other run or state: a stale worker never overwrites a newer
-        run, nor a record a person holds. Waiters are notified.
+        run, nor a record a person holds. Waiters are notified. A delivery's stored
+        request is deleted in the same step; `attempt` becomes its last attempt.
         """
 
     @abc.abstractmethod
     async def release(self, ref: KeyRef, run_id: str, ttl: float, reason: str) -> bool:
         """Free the key so the next request runs, if `run_id` owns it in flight.
         A record with a history becomes a `released` tombstone (expiring after `ttl`)
-        so the story survives; others are deleted. False if someone else owns it."""
+        so the story survives; others are deleted. False if someone else owns it.
+        A delivery's stored request is deleted in the same step (no delivery path
+        releases: an attempt that may be repeated goes through `retry_later`)."""
 
     @abc.abstractmethod
     async def mark_unresolved(
@@ -227,6 +286,99 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def get(self, ref: KeyRef) -> Record | None:
         """The record, or None. Reads only (ref.digest is all it needs)."""
+
+    # -- deliveries --------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def accept(
+        self,
+        ref: KeyRef,
+        run_id: str,
+        fingerprint: str,
+        request: StoredRequest,
+        token: str,
+        *,
+        admit: bool = True,
+        origin: str = "",
+        expired: ExpiredPolicy = "unresolved",
+    ) -> Accepted:
+        """Queue `request` for delivery under `ref`, or read what is there, in one
+        atomic step (the claim of a delivery: the caller answers 202 on "queued").
+
+        "queued": the key was free (or `released`): it is now `queued` for `run_id`,
+        a delivery record with no attempt yet, due at the store's now, its request
+        and `token` stored sealed with `codec` (a released record's history carried
+        on), and `due.announce`d to every process with `origin`. Accepted again by
+        the same run id (a retried command), it returns "exists" with the record it
+        made (same run id, state queued unless an attempt already took it).
+        "full": the key was free and `admit` was False; nothing is stored.
+        "exists": anything else, with the record (never its request). An expired
+        in_flight lease first becomes what `expired` says, as in `claim`. Queued
+        records never expire. With wait_for_replicas, a queued record the replicas
+        did not confirm raises StoreError and stays queued (a repeat finds it)."""
+
+    @abc.abstractmethod
+    async def pick(
+        self,
+        route: str,
+        hint: KeyRef,
+        run_id: str,
+        lease: float,
+        max_attempts: int,
+        replica: str,
+        park_reason: str = "attempts exhausted",
+    ) -> PickResult:
+        """Claim one due delivery of `route` for an attempt by `run_id`, atomically.
+
+        Claims `hint` if it is queued or retrying and due: it becomes `in_flight`
+        for `run_id` with a lease of `lease` seconds from the store's clock, its
+        attempts counted up, an `attempt` event naming `replica` and the run id, and
+        every process told `due.taken`. Returns it with its sealed request. A record
+        with `max_attempts` or more attempts is parked with `park_reason` instead
+        (why "exhausted"): no attempt over the limit ever starts. A store that can
+        search in the same step (memory) claims the earliest due delivery of `route`
+        when the hint is gone or not due; Redis cannot (a script touches only the
+        keys it is given: the hint's bucket) and returns "gone" or "not_due" (with
+        `due_ms`). `next` names the next due delivery of `route` the store saw (the
+        hint's bucket, on Redis). Never claims one record for two runs; never claims
+        one that is not due."""
+
+    @abc.abstractmethod
+    async def retry_later(
+        self,
+        ref: KeyRef,
+        run_id: str,
+        delay: float | None,
+        attempt: dict[str, Any],
+        origin: str = "",
+    ) -> bool:
+        """The attempt of `run_id` did not complete and may be repeated (it was never
+        sent, or its status is not cached): record `attempt` (result, status, error,
+        retry_after: JSON values) as the last attempt and in the history. With
+        `delay`, the record becomes `retrying`, due `delay` seconds from the store's
+        now, announced with `origin`; with None (no attempt left) it is parked, its
+        reason `attempt["reason"]` or "attempts exhausted". Only from `in_flight`
+        owned by `run_id` on a delivery record; the same call repeated after it took
+        effect returns True; False, changing nothing, otherwise."""
+
+    @abc.abstractmethod
+    async def get_request(self, ref: KeyRef) -> StoredRequest | None:
+        """A delivery's stored request, opened (Unreadable if it cannot be); None
+        once its key settled (completed or released), or for any other record."""
+
+    @abc.abstractmethod
+    async def due_candidates(self, route: str, limit: int) -> tuple[list[Due], int]:
+        """Up to `limit` queued and retrying deliveries of `route` per part of the
+        store (memory: one; Redis: each bucket), earliest due first, and the store's
+        now: the rescan for notices that may have been lost. Reads only, and only
+        the due indexes, never the keyspace."""
+
+    @abc.abstractmethod
+    async def queue_stats(self) -> list[QueueStat]:
+        """Per route with pending deliveries (routes no longer configured too):
+        queued and retrying counts and the oldest wait, by route name. Reads the
+        due indexes and per-bucket counts only: O(buckets x routes), never
+        O(records) (memory: in-process, O(pending))."""
 
     # -- the sweep and the reconciler -----------------------------------------------
 
@@ -253,12 +405,17 @@ class Store(abc.ABC):
         response: StoredResponse | None,
         ttl: float,
         park_after: float,
+        retry_in: float | None = None,
     ) -> str:
         """Record a check's `answer` in the history and act on `result`: "done"
         completes with `response`, "not_done" releases, "inconclusive" keeps it
         unresolved, or parks it once it has been unresolved for `park_after`.
         Returns the state after, or "" if the record was no longer unresolved for
-        `run_id` (someone else settled it; nothing changed)."""
+        `run_id` (someone else settled it; nothing changed).
+
+        On a delivery record, "not_done" makes it `retrying`, due `retry_in`
+        seconds from the store's now (announced), or `parked` when `retry_in` is
+        None (no attempt left); "done" deletes its request with the completion."""
 
     @abc.abstractmethod
     async def park(self, ref: KeyRef, reason: str) -> bool:
@@ -284,7 +441,8 @@ class Store(abc.ABC):
     ) -> OperatorResult:
         """Only the holder of a `claimed` record may resolve it: "done" completes it
         with `response` (replayed to repeats), "retry" releases it. Recorded with
-        the note."""
+        the note. On a delivery record, "retry" queues it again (attempts from 0,
+        due now, announced; state "queued") and "done" deletes its request."""
 
     @abc.abstractmethod
     async def open_records(self, states: frozenset[State]) -> list[Record]:
@@ -314,55 +472,3 @@ class Store(abc.ABC):
                 await watch.wait()
         except TimeoutError:
             pass
-
-
-class Watch(asyncio.Event):
-    """Set when the watched key changed. `completed` holds the fingerprint and
-    response of a completion that came with its notice, else None: read the record."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.completed: tuple[str, StoredResponse] | None = None
-
-
-class Notifier:
-    """Per-process fan-out of "this key changed" to local waiters.
-
-    A change is announced to every caller whose `claim` found the record in flight
-    (the Redis store publishes only then: most keys never have a waiter).
-
-    A waiter registers *before* it reads the record, so a change that lands between
-    the read and the wait is not missed.
-    """
-
-    def __init__(self) -> None:
-        self._watchers: dict[str, set[Watch]] = {}
-
-    @contextmanager
-    def watch(self, digest: str) -> Iterator[Watch]:
-        event = Watch()
-        watchers = self._watchers.setdefault(digest, set())
-        watchers.add(event)
-        try:
-            yield event
-        finally:
-            watchers.discard(event)
-            if not watchers:
-                self._watchers.pop(digest, None)
-
-    def watching(self, digest: str) -> bool:
-        return digest in self._watchers
-
-    def notify(self, digest: str, completed: tuple[str, StoredResponse] | None = None) -> None:
-        """Wake the key's watchers; `completed` (fingerprint, response) when the
-        change was a completion whose response came with the notice."""
-        for event in self._watchers.get(digest, ()):
-            if completed is not None:
-                event.completed = completed
-            event.set()
-
-    def notify_all(self) -> None:
-        """After a reconnect, when notifications may have been lost."""
-        for watchers in self._watchers.values():
-            for event in watchers:
-                event.set()

@@ -10,31 +10,25 @@ two processes never see each other's keys. `run` refuses several workers on it.
 from __future__ import annotations
 
 import heapq
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from gateway.encryption import PLAIN, ResponseCodec
-from gateway.records import KeyRef, Record, State, StoredResponse
-from gateway.store.base import ExpiredPolicy, OperatorResult, Store, StoreInfo
+from gateway.records import QUEUE_STATES, KeyRef, Record, State, StoredResponse
+from gateway.store.base import ExpiredPolicy, OperatorResult, StoreInfo
+from gateway.store.memory_delivery import MemoryDeliveries
+from gateway.store.memory_delivery import event as _event
+from gateway.store.memory_delivery import now_ms as _now_ms
+from gateway.store.notices import Due
 
 _INDEXED = (State.IN_FLIGHT, State.UNRESOLVED, State.PARKED, State.CLAIMED)
 _TOMBSTONE_TTL = 86400.0
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _event(now: int, event: str, **fields: Any) -> dict[str, Any]:
-    return {"at_ms": now, "event": event, **fields}
-
-
-class MemoryStore(Store):
+class MemoryStore(MemoryDeliveries):
     def __init__(self, codec: ResponseCodec = PLAIN) -> None:
         super().__init__(codec)
-        self._records: dict[str, Record] = {}
         # With an encryption key, completed records hold no response: it is kept
         # here sealed, as the Redis store keeps it, and opened on every read.
         self._sealed: dict[str, bytes] = {}
@@ -57,8 +51,12 @@ class MemoryStore(Store):
         record = self._records.pop(digest, None)
         self._expires.pop(digest, None)
         self._sealed.pop(digest, None)
+        self._requests.pop(digest, None)
+        self._tokens.pop(digest, None)
         if record is not None and record.state in self._index:
             self._index[record.state].discard(digest)
+        if record is not None:
+            self._queued.get(record.route, {}).pop(digest, None)
 
     def _read(self, digest: str, now: int) -> Record | None:
         expires = self._expires.get(digest)
@@ -72,6 +70,15 @@ class MemoryStore(Store):
             self._index[old.state].discard(record.digest)
         if record.state in self._index:
             self._index[record.state].add(record.digest)
+        if old is not None and old.state in QUEUE_STATES:
+            self._queued[old.route].pop(record.digest, None)
+        if record.state in QUEUE_STATES:
+            self._queued.setdefault(record.route, {})[record.digest] = record.due_ms
+            heapq.heappush(
+                self._due_heaps.setdefault(record.route, []), (record.due_ms, record.digest)
+            )
+        elif record.state in (State.COMPLETED, State.RELEASED):
+            self._requests.pop(record.digest, None)  # a settled delivery's request goes
         self._records[record.digest] = record
         if ttl is None:
             self._expires.pop(record.digest, None)
@@ -93,7 +100,10 @@ class MemoryStore(Store):
         return None
 
     def _out(self, record: Record, now: int) -> Record:
-        """A snapshot for the caller, with a sealed response opened."""
+        """A snapshot for the caller, with a sealed response and token opened."""
+        token = self._tokens.get(record.digest)
+        if token is not None:
+            record = replace(record, token=self.read_token(record.digest, token))
         sealed = self._sealed.get(record.digest)
         if sealed is None:
             return replace(record, now_ms=now)
@@ -143,11 +153,12 @@ class MemoryStore(Store):
         return moved
 
     def _expire_lease(self, record: Record, now: int, policy: ExpiredPolicy) -> Record:
-        if policy == "release":
+        if policy == "release" and not record.delivery:
             event = _event(now, "released", reason="lease expired; route policy: release")
             self._settle(record, State.RELEASED, now, _TOMBSTONE_TTL, event)
             return self._records[record.digest]
-        return self._unknown(record, State(policy), now, "lease_expired")
+        target = State.UNRESOLVED if policy == "release" else State(policy)
+        return self._unknown(record, target, now, "lease_expired")
 
     async def info(self) -> StoreInfo:
         # Nothing evicts a record here, and nothing survives a restart to persist.
@@ -187,7 +198,12 @@ class MemoryStore(Store):
         return self._out(record, now)
 
     async def complete(
-        self, ref: KeyRef, run_id: str, response: StoredResponse, ttl: float
+        self,
+        ref: KeyRef,
+        run_id: str,
+        response: StoredResponse,
+        ttl: float,
+        attempt: dict[str, Any] | None = None,
     ) -> bool:
         now = _now_ms()
         record = self._read(ref.digest, now)
@@ -201,6 +217,8 @@ class MemoryStore(Store):
         if record.state is State.UNRESOLVED or record.history:
             events.append(_event(now, "completed", origin=response.origin))
         kept = self._keep(ref.digest, response)
+        if record.delivery and attempt is not None:
+            record = replace(record, last_attempt=attempt)
         self._settle(record, State.COMPLETED, now, ttl, *events, response=kept, reason="")
         return True
 
@@ -276,6 +294,7 @@ class MemoryStore(Store):
         response: StoredResponse | None,
         ttl: float,
         park_after: float,
+        retry_in: float | None = None,
     ) -> str:
         now = _now_ms()
         record = self._read(ref.digest, now)
@@ -287,6 +306,8 @@ class MemoryStore(Store):
             kept = self._keep(ref.digest, response)
             self._settle(record, State.COMPLETED, now, ttl, checked, response=kept)
             return "completed"
+        if result == "not_done" and record.delivery:
+            return self._not_done(record, now, checked, retry_in)
         if result == "not_done":
             released = _event(now, "released", reason="the upstream says it did not run")
             self._settle(record, State.RELEASED, now, ttl, checked, released)
@@ -363,6 +384,22 @@ class MemoryStore(Store):
             kept = self._keep(ref.digest, response)
             self._settle(record, State.COMPLETED, now, ttl, event, response=kept)
             return OperatorResult(True, state="completed")
+        if record.delivery:  # queued again, with every attempt to come
+            requeued = self._move(
+                record,
+                State.QUEUED,
+                now,
+                event,
+                attempts=0,
+                due_ms=now,
+                reason="",
+                holder="",
+                holder_since_ms=0,
+                check_lock_ms=0,
+            )
+            self._put(requeued)
+            self.due.announce(Due(ref, now, now))
+            return OperatorResult(True, state="queued")
         self._settle(record, State.RELEASED, now, ttl, event)
         return OperatorResult(True, state="released")
 

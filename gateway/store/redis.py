@@ -10,15 +10,17 @@ Layout, for a prefix `idem:` and a record digest `d` in bucket `b` (0..BUCKETS-1
     idem:{b}:c               sharded pub/sub channel: a member changed
     idem:{b}:m               a marker that never expires: if it vanishes, the bucket
                              lost its records (see check_reset)
+    idem:{b}:rq:..., i:queued:..., i:retrying:..., qr    deliveries: see redis_delivery.py
 
 A member is `digest/route`. Everything a script touches shares the `{b}` hash tag,
 so the scripts run unchanged on Redis Cluster, and a bucket's indexes can be read
 without scanning the keyspace. User keys never appear in Redis names: a key such as
 `../*{x}` is hashed into the digest, so it cannot reach another record.
 
-Beside it: redis_topology.py (connecting to one server, Sentinel or Cluster),
-redis_record.py (the record's fields and reading them), redis_info.py (INFO and
-the warnings about eviction and AOF).
+Beside it: redis_delivery.py (the delivery operations), redis_notices.py (the
+subscriber to the buckets' channels), redis_topology.py (connecting to one server,
+Sentinel or Cluster), redis_record.py (the record's fields and reading them),
+redis_info.py (INFO and the warnings about eviction and AOF).
 """
 
 from __future__ import annotations
@@ -28,19 +30,20 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from gateway.config import StoreConfig
 from gateway.errors import StoreError
 from gateway.records import KeyRef, Record, State, StoredResponse
-from gateway.store.base import ExpiredPolicy, OperatorResult, Store, StoreInfo, codec_for
+from gateway.store.base import ExpiredPolicy, OperatorResult, StoreInfo, codec_for
+from gateway.store.redis_delivery import RedisDeliveries, attempt_json
 from gateway.store.redis_info import read_info, report
+from gateway.store.redis_notices import RedisNotices, bounded
 from gateway.store.redis_record import decode_record, text
 from gateway.store.redis_topology import client_for, describe, script_endpoint
 from gateway.store.resp import RespConnection, RespConnectionError, RespError
@@ -59,6 +62,9 @@ _SCRIPTS = (
     "park",
     "op_claim",
     "op_resolve",
+    "accept",
+    "pick",
+    "retry",
 )
 
 #: Records are spread over this many hash tags: enough to balance a cluster's
@@ -71,7 +77,7 @@ def _script_source(name: str) -> str:
     return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
-class RedisStore(Store):
+class RedisStore(RedisDeliveries, RedisNotices):
     def __init__(self, config: StoreConfig) -> None:
         super().__init__(codec_for(config))
         self.allow_eviction = config.allow_eviction
@@ -109,10 +115,21 @@ class RedisStore(Store):
         self._marks: list[bytes | None] | None = None
 
     def _keys(self, ref: KeyRef) -> tuple[list[str], list[str]]:
-        """The script KEYS and the two ARGV every script starts with."""
+        """The script KEYS (see _lib.lua) and the two ARGV every script starts with."""
         bucket = _bucket(ref.digest)
-        keys = [self._tags[bucket] + ref.digest, *self._indexes[bucket]]
+        tag = self._tags[bucket]
+        keys = [
+            tag + ref.digest,
+            *self._indexes[bucket],
+            f"{tag}i:queued:{ref.route}",
+            f"{tag}i:retrying:{ref.route}",
+            tag + "qr",
+            tag + "rq:" + ref.digest,
+        ]
         return keys, [f"{ref.digest}/{ref.route}", self._channels[bucket]]
+
+    def _tag(self, digest: str) -> str:
+        return self._tags[_bucket(digest)]
 
     async def _run(self, name: str, ref: KeyRef, *args: Any) -> Any:
         keys, head = self._keys(ref)
@@ -184,11 +201,11 @@ class RedisStore(Store):
                     break
         if self._pipe is not None:
             await self._pipe.close()
-        await _bounded(self.client.aclose(), "client")
+        await bounded(self.client.aclose(), "client")
         pool = getattr(self.client, "connection_pool", None)  # a cluster has one per node
         sentinels = getattr(pool, "sentinel_manager", None)
         if sentinels is not None:  # the master's client does not close the sentinels'
-            await _bounded(sentinels.aclose(), "sentinel clients")
+            await bounded(sentinels.aclose(), "sentinel clients")
 
     async def ping(self) -> None:
         try:
@@ -260,7 +277,12 @@ class RedisStore(Store):
         return reply
 
     async def complete(
-        self, ref: KeyRef, run_id: str, response: StoredResponse, ttl: float
+        self,
+        ref: KeyRef,
+        run_id: str,
+        response: StoredResponse,
+        ttl: float,
+        attempt: dict[str, Any] | None = None,
     ) -> bool:
         return bool(
             await self._run(
@@ -270,6 +292,7 @@ class RedisStore(Store):
                 self.codec.encode(ref.digest, response),
                 _ms(ttl),
                 response.origin,
+                "" if attempt is None else attempt_json(attempt),
             )
         )
 
@@ -351,6 +374,7 @@ class RedisStore(Store):
         response: StoredResponse | None,
         ttl: float,
         park_after: float,
+        retry_in: float | None = None,
     ) -> str:
         after = await self._run(
             "check_end",
@@ -361,6 +385,7 @@ class RedisStore(Store):
             self.codec.encode(ref.digest, response) if response is not None else b"",
             _ms(ttl),
             _ms(park_after),
+            "" if retry_in is None else str(max(0, int(retry_in * 1000))),
         )
         return text(after) if after else ""
 
@@ -416,73 +441,6 @@ class RedisStore(Store):
         if not digests:
             return []
         return [r for r in await self._read_many(digests) if r is not None]
-
-    async def _listen(self) -> None:
-        """One subscriber per process for every bucket's channel (on a cluster, one
-        per shard, for the channels it owns); waiters are woken locally. After a
-        reconnect, all waiters are woken: they re-read."""
-        delay = 0.1
-        while not self._closing:
-            subscribers: list[tuple[Any, Any]] = []  # (pub/sub, its own client or None)
-            try:
-                if self.cluster:
-                    await self.client.initialize()
-                    owners: dict[str, tuple[str, int, list[str]]] = {}
-                    for channel in self._channels:
-                        node = self.client.get_node_from_key(channel)
-                        owners.setdefault(node.name, (node.host, node.port, []))[2].append(channel)
-                    for host, port, channels in owners.values():
-                        shard = aioredis.Redis(host=host, port=port, **self._connection_kwargs)
-                        pubsub = shard.pubsub()
-                        subscribers.append((pubsub, shard))
-                        for channel in channels:  # one SSUBSCRIBE may name one slot only
-                            await pubsub.ssubscribe(channel)
-                else:
-                    pubsub = self.client.pubsub()
-                    subscribers.append((pubsub, None))
-                    await pubsub.ssubscribe(*self._channels)
-                self.subscribed.set()
-                self.notifier.notify_all()
-                delay = 0.1
-                await asyncio.gather(*(self._read(pubsub) for pubsub, _ in subscribers))
-            except (RedisError, OSError) as exc:
-                log.warning("store notifications lost (%s); reconnecting", exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-            finally:
-                self.subscribed.clear()
-                for pubsub, shard in subscribers:
-                    await _bounded(pubsub.aclose(), "pub/sub")
-                    if shard is not None:
-                        await _bounded(shard.aclose(), "shard")
-
-    async def _read(self, pubsub: Any) -> None:
-        while not self._closing:
-            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-            if message is not None and message["type"] == "smessage":
-                self._notice(message["data"])
-
-    def _notice(self, data: bytes) -> None:
-        """`digest/route`, then for a completion `\\n fingerprint \\n response`."""
-        member, _, notice = data.partition(b"\n")
-        digest = member.split(b"/", 1)[0].decode()
-        if not self.notifier.watching(digest):
-            return  # every process hears every bucket; most notices are for others
-        completed = None
-        if notice:
-            fingerprint, _, blob = notice.partition(b"\n")
-            response, _ = self.read_response(digest, blob)
-            if response is not None:  # unreadable: the waiter reads the record instead
-                completed = (fingerprint.decode(), response)
-        self.notifier.notify(digest, completed)
-
-
-async def _bounded(closing: Awaitable[Any], what: str) -> None:
-    try:
-        async with asyncio.timeout(1):
-            await closing
-    except (TimeoutError, RedisError, OSError) as exc:
-        log.warning("closing the redis %s did not finish cleanly: %r", what, exc)
 
 
 def _bucket(digest: str) -> int:

@@ -17,7 +17,9 @@ from typing import Any, Literal
 from gateway.records import Record, State
 from gateway.store.base import Store
 
-Encoding = Literal["text", "state", "ms", "json list", "json object", "response", "flag"]
+Encoding = Literal[
+    "text", "state", "ms", "count", "json list", "json object", "response", "token", "flag"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +36,8 @@ class Field:
 #: Every field of a record's hash, by its name in Redis.
 FIELDS: dict[str, Field] = {
     "s": Field(
-        "state: in_flight, completed, released, unresolved, parked or claimed; moved by "
-        "_lib's move()",
+        "state: in_flight, completed, released, unresolved, parked, claimed, queued or "
+        "retrying; moved by _lib's move()",
         "state",
         ("_lib", "claim", "complete"),
         "state",
@@ -43,18 +45,28 @@ FIELDS: dict[str, Field] = {
     "u": Field(
         "when it entered its current state", "ms", ("_lib", "claim", "complete"), "since_ms"
     ),
-    "r": Field("run_id of the claim that owns the key", "text", ("claim",), "run_id"),
-    "f": Field(
-        "the request's fingerprint (a repeat must match it)", "text", ("claim",), "fingerprint"
+    "r": Field(
+        "run_id of the claim that owns the key (a delivery's: its latest attempt's)",
+        "text",
+        ("accept", "claim", "pick"),
+        "run_id",
     ),
-    "c": Field("when the key was first claimed", "ms", ("claim",), "created_ms"),
-    "rt": Field("the route's name", "text", ("claim",), "route"),
-    "k": Field("the idempotency key, as the caller sent it", "text", ("claim",), "key"),
+    "f": Field(
+        "the request's fingerprint (a repeat must match it)",
+        "text",
+        ("accept", "claim"),
+        "fingerprint",
+    ),
+    "c": Field(
+        "when the key was first claimed (or accepted)", "ms", ("accept", "claim"), "created_ms"
+    ),
+    "rt": Field("the route's name", "text", ("accept", "claim"), "route"),
+    "k": Field("the idempotency key, as the caller sent it", "text", ("accept", "claim"), "key"),
     "l": Field(
         "lease deadline of an in_flight run (the sweep's index score too); dropped when "
         "the run settles or turns open",
         "ms",
-        ("claim",),
+        ("claim", "pick"),
         "lease_until_ms",
     ),
     "w": Field(
@@ -69,12 +81,17 @@ FIELDS: dict[str, Field] = {
         ("check_end", "complete", "op_resolve"),
         "response",
     ),
-    "why": Field("why the outcome is unknown (unresolved or parked)", "text", ("_lib",), "reason"),
+    "why": Field(
+        "why the outcome is unknown (unresolved), or why it is parked",
+        "text",
+        ("_lib", "check_end", "pick", "retry"),
+        "reason",
+    ),
     "h": Field(
         "the history: a list of events {at_ms, event, ...}, carried over a released "
         "tombstone's next claim",
         "json list",
-        ("_lib", "claim"),
+        ("_lib", "accept", "claim"),
         "history",
     ),
     "ck": Field(
@@ -98,6 +115,36 @@ FIELDS: dict[str, Field] = {
     ),
     "op": Field("the operator holding a claimed record", "text", ("op_claim",), "holder"),
     "os": Field("when that operator took it", "ms", ("op_claim",), "holder_since_ms"),
+    "dl": Field(
+        "made by accept: a delivery, whose request is kept at `rq:<digest>` until it settles",
+        "flag",
+        ("accept",),
+        "delivery",
+    ),
+    "n": Field(
+        "delivery attempts started (pick counts them; an operator's retry starts again)",
+        "count",
+        ("accept", "op_resolve", "pick"),
+        "attempts",
+    ),
+    "due": Field(
+        "when a queued or retrying delivery is due (its queue index's score too)",
+        "ms",
+        ("accept", "check_end", "op_resolve", "retry"),
+        "due_ms",
+    ),
+    "la": Field(
+        "the last delivery attempt that did not complete it, or the one that did (JSON)",
+        "json object",
+        ("complete", "retry"),
+        "last_attempt",
+    ),
+    "tk": Field(
+        "the status URL's token, sealed like the response (store.codec, KIND_TOKEN)",
+        "token",
+        ("accept",),
+        "token",
+    ),
 }
 
 
@@ -123,6 +170,8 @@ _DECODE: dict[Encoding, Callable[[bytes | None], Any]] = {
     "text": text,
     "state": lambda value: State(text(value)),
     "ms": lambda value: 0 if value is None else int(value),
+    "count": lambda value: 0 if value is None else int(value),
+    "flag": lambda value: value is not None and value != b"0",
     "json list": _json_list,
     "json object": _json_object,
 }
@@ -131,7 +180,7 @@ _DECODE: dict[Encoding, Callable[[bytes | None], Any]] = {
 _READ = tuple(
     (name.encode(), field.attribute, _DECODE[field.encoding])
     for name, field in FIELDS.items()
-    if field.attribute is not None and field.encoding != "response"
+    if field.attribute is not None and field.encoding not in ("response", "token")
 )
 
 
@@ -140,5 +189,14 @@ def decode_record(store: Store, digest: str, now_ms: int, flat: list[Any]) -> Re
     fields: dict[bytes, bytes] = dict(zip(flat[::2], flat[1::2], strict=True))
     raw = fields.get(b"resp")
     response, unreadable = (None, "") if raw is None else store.read_response(digest, raw)
+    sealed = fields.get(b"tk")
+    token = "" if sealed is None else store.read_token(digest, sealed)
     values = {attribute: decode(fields.get(name)) for name, attribute, decode in _READ}
-    return Record(digest=digest, now_ms=now_ms, response=response, unreadable=unreadable, **values)
+    return Record(
+        digest=digest,
+        now_ms=now_ms,
+        response=response,
+        unreadable=unreadable,
+        token=token,
+        **values,
+    )

@@ -124,8 +124,8 @@ MUTANTS = [
     Mutant(
         name="record-name-holds-user-key",
         path="gateway/store/redis.py",
-        old="keys = [self._tags[bucket] + ref.digest, *self._indexes[bucket]]",
-        new="keys = [self._tags[bucket] + ref.key, *self._indexes[bucket]]",
+        old="            tag + ref.digest,\n",
+        new="            tag + ref.key,\n",
         tests=(P + "test_record_names_are_hashed_and_tagged",),
         breaks="a user's key becomes a Redis name: ../*{x} keys can reach other records",
     ),

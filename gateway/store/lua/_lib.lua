@@ -1,12 +1,19 @@
 -- The record's hash fields (s, r, l, resp, ...): see FIELDS in gateway/store/redis_record.py.
 -- Prepended to every script. The keys of one record share a hash tag:
 --   KEYS[1] the record, KEYS[2..5] the indexes of in_flight (by lease deadline),
---   unresolved, parked and claimed members (by the time they entered the state).
+--   unresolved, parked and claimed members (by the time they entered the state),
+--   KEYS[6..7] the record's route's queued and retrying members (by due time),
+--   KEYS[8] the bucket's count of pending deliveries per route, KEYS[9] the record's
+--   stored request (deliveries only; deleted when the key settles).
 -- ARGV[1] is the record's index member ("digest/route"), ARGV[2] its bucket's
 -- sharded channel (same tag), so every script runs unchanged on Redis Cluster.
 local R = KEYS[1]
 local MEMBER, CHANNEL = ARGV[1], ARGV[2]
-local INDEX = {in_flight = KEYS[2], unresolved = KEYS[3], parked = KEYS[4], claimed = KEYS[5]}
+local INDEX = {in_flight = KEYS[2], unresolved = KEYS[3], parked = KEYS[4], claimed = KEYS[5],
+  queued = KEYS[6], retrying = KEYS[7]}
+local QR, RQ = KEYS[8], KEYS[9]
+local ROUTE = string.sub(MEMBER, (string.find(MEMBER, '/', 1, true) or 0) + 1)
+local PENDING = {queued = true, retrying = true}
 
 local function now_ms()
   -- The store's clock, never a gateway's: replicas with skewed clocks agree.
@@ -36,12 +43,24 @@ local function notify(notice)
   end
 end
 
--- Move the record to `to` (state and index), publish the change.
+-- Move the record to `to` (state and index; `from` nil for a new record), keep the
+-- bucket's count of pending deliveries per route, publish the change.
 local function move(from, to, now, score, notice)
   if INDEX[from] then redis.call('ZREM', INDEX[from], MEMBER) end
   if INDEX[to] then redis.call('ZADD', INDEX[to], score or now, MEMBER) end
+  if PENDING[to] and not PENDING[from] then
+    redis.call('HINCRBY', QR, ROUTE, 1)
+  elseif PENDING[from] and not PENDING[to] then
+    if redis.call('HINCRBY', QR, ROUTE, -1) <= 0 then redis.call('HDEL', QR, ROUTE) end
+  end
   redis.call('HSET', R, 's', to, 'u', now)
   notify(notice)
+end
+
+-- A delivery is (or will be) due: tell every process. Always published: unlike a
+-- waiter, a queued delivery always has someone to wake (the workers).
+local function announce(due, now, origin)
+  redis.call('SPUBLISH', CHANNEL, '!d ' .. MEMBER .. ' ' .. due .. ' ' .. now .. ' ' .. origin)
 end
 
 -- Fields of a run still open: its lease, a check's lock, an operator's hold. A
@@ -50,10 +69,12 @@ local OPEN_RUN_FIELDS = {'l', 'ck', 'op', 'os'}
 
 -- Completed records expire; released ones stay as tombstones (for their history)
 -- until the ttl, and the next claim takes over from them.
+-- A delivery's stored request goes in the same step.
 local function settle(from, to, now, ttl_ms, notice)
   move(from, to, now, nil, notice)
   redis.call('HDEL', R, unpack(OPEN_RUN_FIELDS))
   redis.call('PEXPIRE', R, ttl_ms)
+  redis.call('DEL', RQ)
 end
 
 local function unknown(from, to, now, reason)
@@ -66,8 +87,10 @@ local function unknown(from, to, now, reason)
 end
 
 -- An in_flight record whose lease ran out: its gateway died mid-request.
--- policy: 'unresolved' | 'parked' | 'release'. Returns the new state.
+-- policy: 'unresolved' | 'parked' | 'release'. Returns the new state. A delivery is
+-- never released (its caller got 202 and will not send it again): unresolved.
 local function expire_lease(now, policy)
+  if policy == 'release' and redis.call('HEXISTS', R, 'dl') == 1 then policy = 'unresolved' end
   if policy == 'release' then
     add_event({at_ms = now, event = 'released', reason = 'lease expired; route policy: release'})
     settle('in_flight', 'released', now, 86400000)

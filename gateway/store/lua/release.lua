@@ -12,6 +12,7 @@ if redis.call('HEXISTS', R, 'h') == 1 then
   settle('in_flight', 'released', now, ARGV[4])
   return 1
 end
+-- No story: never a delivery (its attempt is an event), so no request to delete.
 notify()
 redis.call('DEL', R)
 redis.call('ZREM', INDEX.in_flight, MEMBER)

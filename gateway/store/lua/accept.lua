@@ -1,0 +1,30 @@
+-- The record's hash fields (s, r, l, resp, ...): see FIELDS in gateway/store/redis_record.py.
+-- Queue a delivery on a free key, or read what is there: one round trip, a
+-- delivery's claim. ARGV: member, channel, run_id, fingerprint, route, key, request
+-- (sealed), token (sealed), admit ('1' | '0'), expired-lease policy, origin.
+-- Returns {1, now} queued, {2, now} full (not admitted: nothing stored), else
+-- {0, now, field, value, ...} (the record; its request is not in the hash).
+local now = now_ms()
+local state = redis.call('HGET', R, 's')
+if state == 'in_flight' and tonumber(redis.call('HGET', R, 'l')) <= now then
+  state = expire_lease(now, ARGV[10])
+end
+if not state or state == 'released' then
+  if ARGV[9] ~= '1' then return {2, now} end
+  local history = false
+  if state then  -- a released tombstone: its story goes on in the delivery
+    history = redis.call('HGET', R, 'h')
+    redis.call('DEL', R)
+  end
+  redis.call('HSET', R, 'r', ARGV[3], 'f', ARGV[4], 'c', now, 'rt', ARGV[5], 'k', ARGV[6],
+    'dl', 1, 'n', 0, 'due', now, 'tk', ARGV[8])
+  if history then redis.call('HSET', R, 'h', history) end
+  redis.call('SET', RQ, ARGV[7])
+  move(nil, 'queued', now, now)
+  announce(now, now, ARGV[11])
+  return {1, now}
+end
+local reply = redis.call('HGETALL', R)
+table.insert(reply, 1, now)
+table.insert(reply, 1, 0)
+return reply

@@ -1,0 +1,111 @@
+"""Broken builds of the delivery store (issue 14): each must fail the contract suite."""
+
+from tests.mutants import Mutant
+
+C = "tests/test_store_contract.py::"
+
+MUTANTS = [
+    Mutant(
+        name="memory-pick-not-due",
+        path="gateway/store/memory_delivery.py",
+        old="""        elif record.due_ms > now:
+            why, due = "not_due", record.due_ms
+""",
+        new="",
+        tests=(C + "test_pick_never_claims_a_delivery_that_is_not_due[memory]",),
+        breaks="a delivery scheduled for later is attempted at once (Retry-After, backoff ignored)",
+    ),
+    Mutant(
+        name="memory-accept-overwrites",
+        path="gateway/store/memory_delivery.py",
+        old="        if record is not None and record.state is not State.RELEASED:\n",
+        new="        if False:\n",
+        tests=(C + "test_accept_never_overwrites_an_existing_key[memory]",),
+        breaks="a repeat on an async route queues the job again over the first one",
+    ),
+    Mutant(
+        name="memory-settled-request-kept",
+        path="gateway/store/memory.py",
+        old="            self._requests.pop(record.digest, None)  # a settled delivery",
+        new="            pass  #",
+        tests=(C + "test_settling_a_delivery_deletes_its_request[complete-memory]",),
+        breaks="a completed delivery's request (which may carry credentials) stays stored",
+    ),
+    Mutant(
+        name="memory-pick-past-attempts",
+        path="gateway/store/memory_delivery.py",
+        old="        if record.attempts >= max_attempts:\n",
+        new="        if False:\n",
+        tests=(C + "test_pick_never_starts_an_attempt_over_the_limit[memory]",),
+        breaks="a delivery is attempted more times than retry.attempts allows",
+    ),
+]
+
+R = "[redis]"
+
+MUTANTS += [
+    Mutant(
+        name="redis-pick-not-due",
+        path="gateway/store/lua/pick.lua",
+        old="elseif tonumber(rec[2] or '0') > now then",
+        new="elseif false then",
+        tests=(C + "test_pick_never_claims_a_delivery_that_is_not_due" + R,),
+        breaks="a delivery scheduled for later is attempted at once (Retry-After, backoff ignored)",
+    ),
+    Mutant(
+        name="redis-accept-overwrites",
+        path="gateway/store/lua/accept.lua",
+        old="if not state or state == 'released' then",
+        new="if true then",
+        tests=(C + "test_accept_never_overwrites_an_existing_key" + R,),
+        breaks="a repeat on an async route queues the job again over the first one",
+    ),
+    Mutant(
+        name="redis-accept-not-queued",
+        path="gateway/store/lua/accept.lua",
+        old="move(nil, 'queued', now, now)",
+        new="redis.call('HSET', R, 's', 'queued', 'u', now)",
+        tests=(C + "test_accepted_delivery_is_listed_counted_and_announced" + R,),
+        breaks="an accepted delivery is in no queue index: only a full rescan could find it",
+    ),
+    Mutant(
+        name="redis-complete-keeps-request",
+        path="gateway/store/lua/complete.lua",
+        old="  redis.call('DEL', RQ)\n",
+        new="",
+        tests=(C + "test_settling_a_delivery_deletes_its_request[complete-redis]",),
+        breaks="a completed delivery's request (which may carry credentials) stays stored",
+    ),
+    Mutant(
+        name="redis-pick-past-attempts",
+        path="gateway/store/lua/pick.lua",
+        old="elseif tonumber(rec[3] or '0') >= tonumber(ARGV[5]) then",
+        new="elseif false then",
+        tests=(C + "test_pick_never_starts_an_attempt_over_the_limit" + R,),
+        breaks="a delivery is attempted more times than retry.attempts allows",
+    ),
+    Mutant(
+        name="redis-pick-without-claim",
+        path="gateway/store/lua/pick.lua",
+        old="move(state, 'in_flight', now, lease)",
+        new="redis.call('HSET', R, 's', 'in_flight')",
+        tests=(C + "test_picked_delivery_is_not_picked_again" + R,),
+        breaks="a picked delivery stays in its queue index: two replicas attempt it",
+    ),
+    Mutant(
+        name="redis-retry-ignores-run-id",
+        path="gateway/store/lua/retry.lua",
+        old="rec[2] ~= ARGV[3]",
+        new="false",
+        tests=(C + "test_stale_run_cannot_schedule_a_retry" + R,),
+        breaks="a dead attempt's late retry reschedules a delivery another attempt holds",
+    ),
+    Mutant(
+        name="redis-delivery-lease-released",
+        path="gateway/store/lua/_lib.lua",
+        old="redis.call('HEXISTS', R, 'dl') == 1 then policy",
+        new="false then policy",
+        tests=(C + "test_expired_delivery_lease_is_never_retried_or_dropped[release-redis]",),
+        breaks="a dead gateway's delivery is dropped when its lease runs out: accepted work lost",
+    ),
+]
