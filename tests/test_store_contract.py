@@ -8,14 +8,10 @@ from typing import Any
 
 import pytest
 
-from gateway.config import StoreConfig
-from gateway.errors import StoreError
 from gateway.records import KeyRef, State, StoredRequest, StoredResponse
 from gateway.store.base import ExpiredPolicy, PickResult, Store
 from gateway.store.notices import Due
-from gateway.store.redis import RedisStore
 from tests.conftest import ALL_STORES, unique
-from tests.support.servers import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("store_kind", ALL_STORES)]
 
@@ -692,27 +688,3 @@ async def test_a_store_says_when_delivery_notices_may_have_been_missed(
             await heard.until(lambda: heard.lost >= 1)
     finally:
         await fresh.close()
-
-
-async def test_an_accept_the_replicas_did_not_confirm_is_an_error_and_stays_queued(
-    store_kind: str, request: pytest.FixtureRequest
-) -> None:
-    """wait_for_replicas on a server with none: the caller gets a store error (503,
-    not 202), and the delivery stays queued for a repeat to find (nothing dropped)."""
-    if store_kind != "redis":
-        pytest.skip("WAIT: a single Redis server without replicas")
-    server: RedisServer = request.getfixturevalue("redis_server")
-    config = StoreConfig(
-        url=server.url, prefix=unique("t") + ":", wait_for_replicas=1, socket_timeout=0.3
-    )
-    replicated = RedisStore(config)
-    await replicated.start()
-    try:
-        r = ref()
-        with pytest.raises(StoreError):
-            await replicated.accept(r, "run-a", "fp", REQUEST, TOKEN)
-        record = await replicated.get(r)
-        assert record is not None and record.state is State.QUEUED
-        assert await replicated.get_request(r) == REQUEST
-    finally:
-        await replicated.close()
