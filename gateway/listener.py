@@ -47,23 +47,24 @@ this protocol answers the same.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
-import socket
 import struct
 import termios
-import time
+from collections import deque
 from collections.abc import Callable
-from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, ClassVar
+from urllib.parse import unquote
 
+import httptools
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.config import ServerConfig
 from gateway.config.units import format_duration
+from gateway.cycle import CALLER_TRANSPORT, Cycle, http_date, reset
 from gateway.errors import (
     HeadersTooLarge,
     MalformedRequest,
@@ -88,25 +89,6 @@ LINGER_MAX = 10.0
 #: Seconds between log lines about connections refused over server.max_connections.
 CAP_LOG_INTERVAL = 10.0
 
-#: The scope key under which the app finds the response's transport.
-CALLER_TRANSPORT = "gateway.transport"
-
-#: A body write at least this large goes out as it is, after the held head, rather
-#: than copied onto it.
-COALESCE_BELOW = 64 * 1024
-
-_date_second = -1
-_date_value = b""
-
-
-def http_date() -> bytes:
-    """Now as an HTTP Date value, formatted once per second."""
-    global _date_second, _date_value
-    now = int(time.time())
-    if now != _date_second:
-        _date_second, _date_value = now, formatdate(now, usegmt=True).encode()
-    return _date_value
-
 
 def _unread_bytes(transport: asyncio.Transport) -> bool:
     """Whether bytes wait in the socket's receive queue, not read yet."""
@@ -130,6 +112,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     idle: ClassVar[dict[GatewayHttpProtocol, None]] = {}
     #: Connections refused over the cap since the last log line about them, and when.
     capped: ClassVar[list[float]] = [0, 0.0]
+    #: The request being read or answered, and those pipelined behind it: the
+    #: gateway's cycle (gateway/cycle.py), not uvicorn's.
+    cycle: Cycle  # type: ignore[assignment]
+    pipeline: deque[tuple[Cycle, Any]]  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -174,12 +160,33 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._stall.cancel()
             self._stall = None
         self.idle.pop(self, None)
-        super().connection_lost(exc)
+        self.connections.discard(self)
+        cycle = self.cycle
+        if cycle is not None:
+            if not cycle.response_complete:
+                cycle.disconnected = True
+            cycle.wake()
+        if self.flow is not None:
+            self.flow.resume_writing()
+        if exc is None:
+            self.transport.close()
+            self._unset_keepalive_if_required()
+        self.parser = None  # type: ignore[assignment]
+
+    def shutdown(self) -> None:
+        """The server's graceful shutdown: close when idle, else after this answer."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            self.transport.close()
+        else:
+            cycle.keep_alive = False
 
     def data_received(self, data: bytes) -> None:
         now = self._last_read = self.loop.time()
         if self._stopped:
             return  # refused or lingering: what comes now is read and dropped
+        if self.timeout_keep_alive_task is not None:
+            self._unset_keepalive_if_required()
         if self._in_head and self._head_since is None:
             self._head_since = now  # a later request's first byte: its deadline starts
         if len(data) <= READ_SLACK:
@@ -202,7 +209,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             )
 
     def _feed(self, data: bytes) -> None:
-        super().data_received(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.logger.warning("Invalid HTTP request received.")
+            self.send_400_response("Invalid HTTP request received.")
+            return
+        except httptools.HttpParserUpgrade:
+            # on_headers_complete refuses every upgrade, so llhttp never gets here with
+            # one; stock uvicorn would only log it too.
+            self.logger.warning("Unsupported upgrade request.")
         if (self._in_head or self._trailing) and not self._stopped:
             self._head_bytes += len(data)
             if self._head_bytes > self._limit + READ_SLACK:
@@ -215,12 +231,30 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 )
 
     # --- parser callbacks ----------------------------------------------------------
+    # Each callback below does uvicorn's work itself rather than through super(): they
+    # run for every request (on_header for every field), and a frame less each is a
+    # measurable part of a request's CPU (docs/performance.md, session 7). What they
+    # leave out of uvicorn's: the websocket upgrade (the gateway refuses upgrades, in
+    # on_headers_complete, so no body or message of one is ever parsed).
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._server = self.settings()
-        self._limit = self._server.max_header_bytes
-        self.timeout_keep_alive = self._server.keep_alive  # type: ignore[assignment]
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+        self.scope = {  # type: ignore[typeddict-item]
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,  # type: ignore[typeddict-item]
+            "root_path": self.root_path,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+        }
+        server = self._server = self.settings()
+        self._limit = server.max_header_bytes
+        self.timeout_keep_alive = server.keep_alive  # type: ignore[assignment]
         self._in_head = True
         if self._head_since is None:
             self._head_since = self._last_read
@@ -242,7 +276,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 "carry; it was not forwarded."
             )
             raise self._refusal
-        super().on_url(url)
+        self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value)
@@ -252,14 +286,18 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 f"the limit is {self._limit}."
             )
             raise self._refusal
-        if self._in_head:
-            super().on_header(name, value)
         # After the head, a field is a trailer: uvicorn would append it to the
         # request's headers (the scope's list) whenever it arrives in the same read as
         # the head. The gateway forwards no trailers, so it drops them.
+        if self._in_head:
+            name = name.lower()
+            if name == b"expect" and value.lower() == b"100-continue":
+                self.expect_100_continue = True
+            self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        if self.parser.should_upgrade():
+        parser = self.parser
+        if parser.should_upgrade():
             # llhttp reads nothing after an upgrade request as HTTP any more (its body
             # and any pipelined request would be lost or misread), and the gateway
             # speaks HTTP/1.1 only: refused. Raising stops the parser (see on_url).
@@ -271,16 +309,40 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._in_head = False
         self._head_since = None
         self._head_bytes = 0
-        self._cancel_timer()
-        before = self.cycle
-        super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is not None and cycle is not before:
-            transport: Any = self.transport
-            if self.scope["method"] != "HEAD":
-                # Its app task has not run yet: every write of this response goes through.
-                transport = cycle.transport = _HeadHolder(self, cycle)  # type: ignore[assignment]
-            self.scope[CALLER_TRANSPORT] = transport  # type: ignore[literal-required]
+        if self._timer is not None:
+            self._cancel_timer()
+        scope = self.scope
+        http_version = parser.get_http_version()
+        method = scope["method"] = parser.get_method().decode("ascii")
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        parsed_url = httptools.parse_url(self.url)
+        raw_path = parsed_url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = unquote(path)
+        scope["path"] = self.root_path + path
+        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
+        scope["query_string"] = parsed_url.query or b""
+        app = self.app
+        if self.limit_concurrency is not None and (
+            len(self.connections) >= self.limit_concurrency
+            or len(self.tasks) >= self.limit_concurrency
+        ):
+            app = service_unavailable
+            self.logger.warning("Exceeded concurrency limit.")
+        existing = self.cycle
+        keep_alive = http_version != "1.0" and parser.should_keep_alive()
+        # A HEAD answer has no body write for its head to wait for (gateway/cycle.py).
+        hold = method != "HEAD"
+        cycle = self.cycle = Cycle(self, scope, keep_alive, self.expect_100_continue, hold)
+        scope[CALLER_TRANSPORT] = self.transport  # type: ignore[literal-required]
+        if existing is None or existing.response_complete:
+            cycle.start(app)
+        else:
+            # Pipelined: it waits for the responses before it (on_response_complete).
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, app))
 
     def on_chunk_header(self) -> None:
         # The last chunk's header is followed by the trailer section, any other by
@@ -293,24 +355,44 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         self._trailing = False
-        super().on_body(body)
+        cycle = self.cycle
+        if cycle.response_complete:
+            return
+        cycle.body += body
+        if len(cycle.body) > HIGH_WATER_LIMIT:
+            self.flow.pause_reading()
+        cycle.wake()
 
     def on_message_complete(self) -> None:
-        super().on_message_complete()
+        cycle = self.cycle
+        if not cycle.response_complete:
+            cycle.more_body = False
+            cycle.wake()
         self._url_bytes = 0
         self._in_head = True
         self._trailing = False
         self._head_bytes = 0
-        self._cancel_timer()
+        if self._timer is not None:
+            self._cancel_timer()
 
     # --- responses and the keep-alive ------------------------------------------------
 
     def on_response_complete(self) -> None:
+        self.server_state.total_requests += 1
         if self._lingering:  # the answer closed the connection (Connection: close)
-            self.server_state.total_requests += 1
             return
         last = not self.pipeline  # no response before the refused request is left
-        super().on_response_complete()
+        if not self.transport.is_closing():
+            if self.timeout_keep_alive_task is not None:
+                self._unset_keepalive_if_required()
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                cycle.start(app)
+            else:
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
         if self._stopped:
             if last and not self._lingering:
                 self._finish()
@@ -423,7 +505,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             # Its app waits for the body: it sees a disconnect, and nothing it would
             # send is written.
             cycle.disconnected = True
-            cycle.message_event.set()
+            cycle.wake()
             ready = True
         if ready:
             self._finish()
@@ -533,70 +615,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             unsent,
         )
         reset(self.transport)
-
-
-def reset(transport: Any) -> None:
-    """Close a caller's connection at once with a reset, its unsent bytes dropped: for a
-    caller that stopped reading, a plain close would leave them (and the socket's
-    buffers, megabytes) waiting in the kernel for a reader that never comes."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
-
-
-class _HeadHolder:
-    """The response's transport: holds the status line and headers until the first
-    body write, so a response sent whole leaves in one write (one syscall where
-    uvicorn makes two; most of the gateway's answers are whole). A large first body
-    write goes after the head instead of being copied onto it. Not used for HEAD,
-    whose answer has no body write to wait for.
-
-    An answer that starts before its request's body has all arrived (a 404 or a 413
-    by Content-Length, before the app read the body; an Expect: 100-continue request
-    refused before its 100) ends the connection: the client may send the rest of the
-    body or not, so what follows cannot be framed, and reading and discarding a body
-    that never ends would hold the connection forever. The close is the lingering one
-    (GatewayHttpProtocol._linger), so the answer is not lost to a reset while the
-    client is still sending."""
-
-    __slots__ = ("_cycle", "_head", "_protocol", "_transport")
-
-    def __init__(self, protocol: GatewayHttpProtocol, cycle: RequestResponseCycle) -> None:
-        self._protocol = protocol
-        self._cycle = cycle
-        self._transport = protocol.transport
-        self._head: bytes | None = None  # None: nothing held yet; b"": passed
-
-    def write(self, data: bytes) -> None:
-        head = self._head
-        if head is None and not data.startswith(b"HTTP/1.1 100 "):  # 100 Continue: now
-            cycle = self._cycle
-            if cycle.more_body and cycle.keep_alive:
-                cycle.keep_alive = False  # uvicorn closes after this answer
-                data = data[:-2] + b"connection: close\r\n\r\n"
-            self._head = data
-            return
-        if head:
-            self._head = b""
-            if len(data) >= COALESCE_BELOW:
-                self._transport.write(head)  # one write more, not a copy of the body
-            else:
-                data = head + data
-        self._transport.write(data)
-
-    def close(self) -> None:
-        if self._head:  # the app never sent its body: uvicorn closes, as it would
-            self._transport.write(self._head)
-            self._head = b""
-        self._protocol._linger()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
 
 
 def protocol_for(settings: Callable[[], ServerConfig]) -> type[GatewayHttpProtocol]:
