@@ -138,7 +138,7 @@ MUTANTS = [
     ),
     Mutant(
         name="framing-errors-plain-text",
-        path="gateway/listener.py",
+        path="gateway/connection.py",
         old="    def send_400_response(self, msg: str) -> None:",
         new="    def _unused_send_400_response(self, msg: str) -> None:",
         tests=(f"{HOSTILE}::test_ambiguous_framing_is_refused_and_nothing_is_forwarded",),

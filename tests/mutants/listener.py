@@ -5,6 +5,7 @@ from tests.mutants import Mutant
 TESTS = "tests/test_listener.py"
 SOURCE = "gateway/listener.py"
 CYCLE = "gateway/cycle.py"
+CONNECTION = "gateway/connection.py"
 
 
 def t(*names: str) -> tuple[str, ...]:
@@ -30,7 +31,7 @@ MUTANTS = [
     ),
     Mutant(
         name="no-head-deadline",
-        path=SOURCE,
+        path=CONNECTION,
         old="        timeout = self._server.header_timeout\n",
         new="        return\n",
         tests=t(
@@ -49,7 +50,7 @@ MUTANTS = [
     ),
     Mutant(
         name="no-body-timeout",
-        path=SOURCE,
+        path=CONNECTION,
         old="        timeout = self._server.body_timeout\n",
         new="        return\n",
         tests=t("test_half_sent_body_gets_408_and_is_not_forwarded"),
@@ -57,7 +58,7 @@ MUTANTS = [
     ),
     Mutant(
         name="body-timeout-is-a-deadline",
-        path=SOURCE,
+        path=CONNECTION,
         old="        if idle < timeout:",
         new="        if False:",
         tests=t("test_slow_body_that_keeps_coming_is_read"),
@@ -65,7 +66,7 @@ MUTANTS = [
     ),
     Mutant(
         name="no-connection-cap",
-        path=SOURCE,
+        path=CONNECTION,
         old="if len(self.connections) > self._server.max_connections and not self._make_room():",
         new="if False:",
         tests=t("test_connection_over_the_cap_gets_503_and_idle_ones_make_room"),
@@ -73,7 +74,7 @@ MUTANTS = [
     ),
     Mutant(
         name="idle-connections-keep-their-place",
-        path=SOURCE,
+        path=CONNECTION,
         old="        while self.idle:",
         new="        while False:",
         tests=t("test_connection_over_the_cap_gets_503_and_idle_ones_make_room"),
@@ -81,7 +82,7 @@ MUTANTS = [
     ),
     Mutant(
         name="refusal-out-of-order",
-        path=SOURCE,
+        path=CONNECTION,
         old="        if ready:\n            self._finish()",
         new="        self._finish()",
         tests=t("test_refusal_pipelined_after_a_good_request_waits_for_its_answer"),
@@ -89,7 +90,7 @@ MUTANTS = [
     ),
     Mutant(
         name="refusal-after-its-own-answer",
-        path=SOURCE,
+        path=CONNECTION,
         old="            self._answer = False\n            ready = cycle.response_complete",
         new="            ready = cycle.response_complete",
         tests=t("test_refusal_of_a_request_already_answered_is_not_sent"),
@@ -141,7 +142,7 @@ MUTANTS = [
     ),
     Mutant(
         name="keep-alive-closes-on-unread-request",
-        path=SOURCE,
+        path=CONNECTION,
         old="        if _unread_bytes(self.transport):\n            return",
         new="",
         tests=t("test_keep_alive_expiry_with_a_request_waiting_answers_it"),
@@ -149,7 +150,7 @@ MUTANTS = [
     ),
     Mutant(
         name="hard-close",
-        path=SOURCE,
+        path=CONNECTION,
         old="        transport.write_eof()\n",
         new="        transport.close()\n        return\n",
         tests=t(
