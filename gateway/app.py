@@ -19,6 +19,7 @@ from urllib.parse import quote, unquote, unquote_to_bytes
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.config import Config
+from gateway.cycle import CALLER_TRANSPORT, http_date, reset
 from gateway.engine import Engine, Origin, Reply
 from gateway.errors import (
     AmbiguousPath,
@@ -33,7 +34,6 @@ from gateway.errors import (
     StoreError,
 )
 from gateway.keys import RequestParts
-from gateway.listener import CALLER_TRANSPORT, http_date, reset
 from gateway.logs import Trace, current_trace, log_access
 from gateway.metrics import Metrics
 from gateway.reconcile import Reconciler, stop_if_cancelled

@@ -6,73 +6,42 @@ Stock uvicorn answers an unparseable request (Content-Length with Transfer-Encod
 two Content-Lengths, a bad chunk size, a bare LF, ...) with a text/plain 400, buffers
 a request head of any size, waits forever for a head or a body that never ends, and
 closes a kept-alive connection after 5 s whatever is arriving on it.
-`GatewayHttpProtocol` changes that:
+`GatewayHttpProtocol` changes that, in three modules:
 
-- every refusal is problem+json (400, 408, 414, 431 or 503) and ends the connection,
-  so nothing after a request the parser gave up on is read as another request. It is
-  written only once the responses to the requests before it on the connection are
-  (pipelining keeps the answers in order); a refusal of a request whose own answer has
-  started is not written at all, the connection just closes after that answer;
-- the head is bounded while it streams in: the request target over
-  `server.max_header_bytes` gets 414, header names and values over it 431, and
-  a head that is still incomplete after that many bytes (plus `READ_SLACK`) gets 431
-  too. A chunked body's trailer fields are never headers: they are dropped, and their
-  bytes count against the same limit;
-- deadlines: `server.header_timeout` for a whole head (from the connection's start for
-  its first request, from a later request's first byte), `server.body_timeout` for
-  the silence between reads of a body. Either gets a 408 and a close;
-- `server.max_connections` per process: a connection over it first closes the oldest
-  idle kept-alive one, and if there is none gets a 503 with Retry-After;
-- an answer that starts before its request's body has all arrived (a 404, a 413 by
-  Content-Length, an Expect: 100-continue request refused before its 100) says
-  Connection: close and ends the connection (see `_HeadHolder`);
-- an idle kept-alive connection is kept for `server.keep_alive`, and is not closed
-  while request bytes wait on it unread; the gateway's last word on a connection is a
-  half-close that reads and drops what still arrives for a while (`LINGER`), so a
-  request that crossed the FIN, or the rest of a refused upload, does not make the
-  kernel reset the connection and destroy the answer before the client reads it;
-- `date_header` is off in uvicorn: a forwarded or replayed response keeps the Date it
-  has, and the gateway adds one (`http_date`) only to answers that have none.
+- here, the parsing: the head is bounded while it streams in: the request target over
+  `server.max_header_bytes` gets 414, header names and values over it 431, and a head
+  that is still incomplete after that many bytes (plus `READ_SLACK`) gets 431 too. A
+  chunked body's trailer fields are never headers: they are dropped, and their bytes
+  count against the same limit. A request target with a fragment, and any upgrade
+  request, are refused;
+- gateway/connection.py, the connection: refusals in order, the head and body
+  deadlines, the connection cap, the keep-alive, the write timeout, the lingering
+  close;
+- gateway/cycle.py, each request's ASGI receive and send: a response's head held
+  until its body, so a whole answer leaves in one write, and an answer before the
+  body that ends the connection.
 
-On the response side it enforces `server.write_timeout`: a caller whose connection
-stays over the transport's high-water mark that long without taking a byte is given
-up on (the connection is reset, its buffered bytes freed); the app learns it from the
-transport it finds in the scope under CALLER_TRANSPORT, which it also uses to cut off
-a streamed response whose upstream body broke.
+`date_header` is off in uvicorn: a forwarded or replayed response keeps the Date it
+has, and the gateway adds one (`http_date`) only to answers that have none.
 
-The app checks the header total again (gateway/app.py), so in-process use without
-this protocol answers the same.
+The parser callbacks do uvicorn's work themselves rather than through super(): they run
+for every request (on_header for every field), and each frame less is a measurable part
+of a request's CPU (docs/performance.md, session 7). The app checks the header total
+again (gateway/app.py), so in-process use without this protocol answers the same.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import fcntl
-import socket
-import struct
-import termios
-import time
 from collections.abc import Callable
-from email.utils import formatdate
-from http import HTTPStatus
-from typing import Any, ClassVar
+from urllib.parse import unquote
 
-from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
-from uvicorn.server import ServerState
+import httptools
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
 
 from gateway.config import ServerConfig
-from gateway.config.units import format_duration
-from gateway.errors import (
-    HeadersTooLarge,
-    MalformedRequest,
-    ProblemError,
-    RequestTimeout,
-    TooManyConnections,
-    UpgradeRefused,
-    UriTooLong,
-)
+from gateway.connection import Connection
+from gateway.cycle import CALLER_TRANSPORT, Cycle
+from gateway.errors import HeadersTooLarge, MalformedRequest, UpgradeRefused, UriTooLong
 
 #: Bytes the parser is fed at a time: a read brings up to about 256 KiB (asyncio's and
 #: uvloop's read size), fed in pieces of this size, so an unfinished head or trailer
@@ -80,106 +49,14 @@ from gateway.errors import (
 #: message and starts the next as head bytes cannot refuse a head under the limit).
 READ_SLACK = 8 * 1024
 
-#: After its last answer the gateway half-closes and drops what still arrives until
-#: the client closes, or nothing came for LINGER seconds, or LINGER_MAX passed.
-LINGER = 2.0
-LINGER_MAX = 10.0
 
-#: Seconds between log lines about connections refused over server.max_connections.
-CAP_LOG_INTERVAL = 10.0
-
-#: The scope key under which the app finds the response's transport.
-CALLER_TRANSPORT = "gateway.transport"
-
-#: A body write at least this large goes out as it is, after the held head, rather
-#: than copied onto it.
-COALESCE_BELOW = 64 * 1024
-
-_date_second = -1
-_date_value = b""
-
-
-def http_date() -> bytes:
-    """Now as an HTTP Date value, formatted once per second."""
-    global _date_second, _date_value
-    now = int(time.time())
-    if now != _date_second:
-        _date_second, _date_value = now, formatdate(now, usegmt=True).encode()
-    return _date_value
-
-
-def _unread_bytes(transport: asyncio.Transport) -> bool:
-    """Whether bytes wait in the socket's receive queue, not read yet."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return False
-    try:
-        queued = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
-    except (OSError, ValueError):
-        return False
-    return bool(struct.unpack("i", queued)[0])
-
-
-class GatewayHttpProtocol(HttpToolsProtocol):
-    #: The listener's settings; read per connection and per request, so a config
-    #: reload applies.
-    settings: Callable[[], ServerConfig] = staticmethod(ServerConfig)
-    #: This listener's idle kept-alive connections, oldest first: the ones a connection
-    #: over server.max_connections closes to make room (protocol_for gives each
-    #: listener its own).
-    idle: ClassVar[dict[GatewayHttpProtocol, None]] = {}
-    #: Connections refused over the cap since the last log line about them, and when.
-    capped: ClassVar[list[float]] = [0, 0.0]
-
-    def __init__(
-        self,
-        config: Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        self._server = self.settings()
-        self._limit = self._server.max_header_bytes
-        self.timeout_keep_alive = self._server.keep_alive  # type: ignore[assignment]
-        self._in_head = True  # the next bytes belong to a head (or nothing came yet)
-        self._head_since: float | None = None  # when the head deadline started
-        self._trailing = False  # a chunk header and no body since: maybe the trailers
-        self._head_bytes = 0  # bytes read while a head (or trailer section) was open
-        self._url_bytes = 0
-        self._header_bytes = 0
-        self._last_read = 0.0
-        self._timer: asyncio.TimerHandle | None = None  # the head, body or linger timer
-        self._refusal: ProblemError | None = None
-        self._answer = False  # whether the refusal is written, once it may be
-        self._stopped = False  # no more requests are read: refused or lingering
-        self._lingering = False
-        self._linger_until = 0.0
-        self._stall: asyncio.TimerHandle | None = None
-        self._unsent = 0  # bytes buffered for the caller when the stall timer was set
-
-    # --- the connection ------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._last_read = self._head_since = self.loop.time()
-        if len(self.connections) > self._server.max_connections and not self._make_room():
-            self._refuse_over_cap()
-            return
-        self._timer = self.loop.call_later(self._server.header_timeout, self._head_deadline)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_timer()
-        if self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
-        self.idle.pop(self, None)
-        super().connection_lost(exc)
-
+class GatewayHttpProtocol(Connection):
     def data_received(self, data: bytes) -> None:
         now = self._last_read = self.loop.time()
         if self._stopped:
             return  # refused or lingering: what comes now is read and dropped
+        if self.timeout_keep_alive_task is not None:
+            self._unset_keepalive_if_required()
         if self._in_head and self._head_since is None:
             self._head_since = now  # a later request's first byte: its deadline starts
         if len(data) <= READ_SLACK:
@@ -202,7 +79,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             )
 
     def _feed(self, data: bytes) -> None:
-        super().data_received(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.logger.warning("Invalid HTTP request received.")
+            self.send_400_response("Invalid HTTP request received.")
+            return
+        except httptools.HttpParserUpgrade:
+            # on_headers_complete refuses every upgrade, so llhttp never gets here with
+            # one; stock uvicorn would only log it too.
+            self.logger.warning("Unsupported upgrade request.")
         if (self._in_head or self._trailing) and not self._stopped:
             self._head_bytes += len(data)
             if self._head_bytes > self._limit + READ_SLACK:
@@ -215,12 +101,27 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 )
 
     # --- parser callbacks ----------------------------------------------------------
+    # What they leave out of uvicorn's: the websocket upgrade (the gateway refuses
+    # upgrades, in on_headers_complete, so no body or message of one is ever parsed).
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._server = self.settings()
-        self._limit = self._server.max_header_bytes
-        self.timeout_keep_alive = self._server.keep_alive  # type: ignore[assignment]
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+        self.scope = {  # type: ignore[typeddict-item]
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,  # type: ignore[typeddict-item]
+            "root_path": self.root_path,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+        }
+        server = self._server = self.settings()
+        self._limit = server.max_header_bytes
+        self.timeout_keep_alive = server.keep_alive  # type: ignore[assignment]
         self._in_head = True
         if self._head_since is None:
             self._head_since = self._last_read
@@ -242,7 +143,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 "carry; it was not forwarded."
             )
             raise self._refusal
-        super().on_url(url)
+        self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value)
@@ -252,14 +153,18 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 f"the limit is {self._limit}."
             )
             raise self._refusal
-        if self._in_head:
-            super().on_header(name, value)
         # After the head, a field is a trailer: uvicorn would append it to the
         # request's headers (the scope's list) whenever it arrives in the same read as
         # the head. The gateway forwards no trailers, so it drops them.
+        if self._in_head:
+            name = name.lower()
+            if name == b"expect" and value.lower() == b"100-continue":
+                self.expect_100_continue = True
+            self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        if self.parser.should_upgrade():
+        parser = self.parser
+        if parser.should_upgrade():
             # llhttp reads nothing after an upgrade request as HTTP any more (its body
             # and any pipelined request would be lost or misread), and the gateway
             # speaks HTTP/1.1 only: refused. Raising stops the parser (see on_url).
@@ -271,16 +176,40 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._in_head = False
         self._head_since = None
         self._head_bytes = 0
-        self._cancel_timer()
-        before = self.cycle
-        super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is not None and cycle is not before:
-            transport: Any = self.transport
-            if self.scope["method"] != "HEAD":
-                # Its app task has not run yet: every write of this response goes through.
-                transport = cycle.transport = _HeadHolder(self, cycle)  # type: ignore[assignment]
-            self.scope[CALLER_TRANSPORT] = transport  # type: ignore[literal-required]
+        if self._timer is not None:
+            self._cancel_timer()
+        scope = self.scope
+        http_version = parser.get_http_version()
+        method = scope["method"] = parser.get_method().decode("ascii")
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        parsed_url = httptools.parse_url(self.url)
+        raw_path = parsed_url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = unquote(path)
+        scope["path"] = self.root_path + path
+        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
+        scope["query_string"] = parsed_url.query or b""
+        app = self.app
+        if self.limit_concurrency is not None and (
+            len(self.connections) >= self.limit_concurrency
+            or len(self.tasks) >= self.limit_concurrency
+        ):
+            app = service_unavailable
+            self.logger.warning("Exceeded concurrency limit.")
+        existing = self.cycle
+        keep_alive = http_version != "1.0" and parser.should_keep_alive()
+        # A HEAD answer has no body write for its head to wait for (gateway/cycle.py).
+        hold = method != "HEAD"
+        cycle = self.cycle = Cycle(self, scope, keep_alive, self.expect_100_continue, hold)
+        scope[CALLER_TRANSPORT] = self.transport  # type: ignore[literal-required]
+        if existing is None or existing.response_complete:
+            cycle.start(app)
+        else:
+            # Pipelined: it waits for the responses before it (on_response_complete).
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, app))
 
     def on_chunk_header(self) -> None:
         # The last chunk's header is followed by the trailer section, any other by
@@ -293,310 +222,25 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         self._trailing = False
-        super().on_body(body)
+        cycle = self.cycle
+        if cycle.response_complete:
+            return
+        cycle.body += body
+        if len(cycle.body) > HIGH_WATER_LIMIT:
+            self.flow.pause_reading()
+        cycle.wake()
 
     def on_message_complete(self) -> None:
-        super().on_message_complete()
+        cycle = self.cycle
+        if not cycle.response_complete:
+            cycle.more_body = False
+            cycle.wake()
         self._url_bytes = 0
         self._in_head = True
         self._trailing = False
         self._head_bytes = 0
-        self._cancel_timer()
-
-    # --- responses and the keep-alive ------------------------------------------------
-
-    def on_response_complete(self) -> None:
-        if self._lingering:  # the answer closed the connection (Connection: close)
-            self.server_state.total_requests += 1
-            return
-        last = not self.pipeline  # no response before the refused request is left
-        super().on_response_complete()
-        if self._stopped:
-            if last and not self._lingering:
-                self._finish()
-        elif self.timeout_keep_alive_task is not None:
-            self.idle[self] = None
-
-    def _unset_keepalive_if_required(self) -> None:
-        if self.timeout_keep_alive_task is not None:
-            self.idle.pop(self, None)
-            super()._unset_keepalive_if_required()
-
-    def timeout_keep_alive_handler(self) -> None:
-        self._unset_keepalive_if_required()  # called from _make_room too, not only the timer
-        if self._stopped or self.transport.is_closing():
-            return
-        if not self._in_head or self._head_since is not None:
-            return  # a request is arriving: its own deadline applies
-        if _unread_bytes(self.transport):
-            return  # a request came as the timer fired: it is read next, and answered
-        self._linger()
-
-    def _make_room(self) -> bool:
-        """Close idle kept-alive connections, oldest first, until this one fits."""
-        while self.idle:
-            other = next(iter(self.idle))
-            del self.idle[other]
-            other.timeout_keep_alive_handler()  # leaves the count, unless a request came
-            if len(self.connections) <= self._server.max_connections:
-                return True
-        return False
-
-    # --- deadlines -----------------------------------------------------------------
-
-    def _cancel_timer(self) -> None:
         if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _head_deadline(self) -> None:
-        self._timer = None
-        if self._stopped or not self._in_head:
-            return
-        timeout = self._server.header_timeout
-        if self.flow.read_paused:
-            # The gateway stopped reading (a pipelined request waits its turn): the
-            # delay is not the client's.
-            self._timer = self.loop.call_later(timeout, self._head_deadline)
-            return
-        self._refuse(
-            RequestTimeout(
-                f"The request head was not complete within {format_duration(timeout)} "
-                "(server.header_timeout); it was not forwarded."
-            )
-        )
-
-    def _body_idle(self) -> None:
-        self._timer = None
-        if self._stopped or self._in_head:
-            return
-        timeout = self._server.body_timeout
-        now = self.loop.time()
-        if self.flow.read_paused:
-            self._last_read = now  # not reading is the gateway's doing
-        idle = now - self._last_read
-        if idle < timeout:
-            self._timer = self.loop.call_later(timeout - idle, self._body_idle)
-            return
-        self._refuse(
-            RequestTimeout(
-                f"No byte of the request body arrived for {format_duration(timeout)} "
-                "(server.body_timeout); it was not forwarded."
-            )
-        )
-
-    # --- refusals and the end of a connection ----------------------------------------
-
-    def send_400_response(self, msg: str) -> None:
-        refusal = self._refusal or MalformedRequest(
-            "The request is not valid HTTP/1.1 (for example: Content-Length together with "
-            "Transfer-Encoding, two Content-Lengths, a bad chunk, or a malformed line), so "
-            "the gateway cannot tell where it ends. It was not forwarded."
-        )
-        self._refuse(refusal)
-
-    def _refuse(self, refusal: ProblemError, *, log: bool = True) -> None:
-        """Read no more requests here; answer `refusal` once every response before it on
-        the connection has been written, then close."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self._refusal = refusal
-        self._cancel_timer()
-        if log:
-            self.logger.warning("refused a request: %s", refusal.detail)
-        cycle = self.cycle
-        self._answer = True
-        if self._in_head:
-            # A head that never completed: every request parsed before it comes first.
-            ready = not self.pipeline and (cycle is None or cycle.response_complete)
-        elif any(queued is cycle for queued, _ in self.pipeline):
-            # Refused while it waits behind earlier requests: its app never runs.
-            self.pipeline = type(self.pipeline)(p for p in self.pipeline if p[0] is not cycle)
-            ready = False
-        elif cycle.response_started:
-            # Its own answer is out (a 404 before the body, say): that answer stands,
-            # and the connection ends after it.
-            self._answer = False
-            ready = cycle.response_complete
-        else:
-            # Its app waits for the body: it sees a disconnect, and nothing it would
-            # send is written.
-            cycle.disconnected = True
-            cycle.message_event.set()
-            ready = True
-        if ready:
-            self._finish()
-
-    def _refuse_over_cap(self) -> None:
-        count, since = self.capped
-        now = self.loop.time()
-        if now - since >= CAP_LOG_INTERVAL:
-            self.logger.warning(
-                "refused %d connection(s) over server.max_connections (%d) with 503",
-                count + 1,
-                self._server.max_connections,
-            )
-            self.capped[:] = [0, now]
-        else:
-            self.capped[0] = count + 1
-        self._refuse(
-            TooManyConnections(
-                f"The gateway has {self._server.max_connections} connections open "
-                "(server.max_connections); nothing was read or forwarded.",
-                headers={"Retry-After": "1"},
-            ),
-            log=False,
-        )
-
-    def _refused_head(self) -> bool:
-        """Whether the refused request is a HEAD, whose answer has no body (RFC 9110
-        9.3.2): the one being parsed, or the cycle's when its head was complete."""
-        if not self._in_head:
-            return bool(self.scope.get("method") == "HEAD")
-        if not self._url_bytes:
-            return False  # llhttp still holds the method of the request before
-        try:
-            return bool(self.parser.get_method() == b"HEAD")
-        except Exception:  # no method parsed yet
-            return False
-
-    def _finish(self) -> None:
-        refusal = self._refusal
-        if self._answer and refusal is not None and not self.transport.is_closing():
-            status, headers, payload = refusal.render()
-            if self._refused_head():
-                payload = b""  # the headers (Content-Length included) as a GET's would be
-            lines = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
-            headers = [*self.server_state.default_headers, (b"date", http_date()), *headers]
-            lines += [name + b": " + value + b"\r\n" for name, value in headers]
-            lines.append(b"connection: close\r\n\r\n")
-            self.transport.write(b"".join(lines) + payload)
-        self._linger()
-
-    def _linger(self) -> None:
-        """Half-close, then drop what still arrives before closing. A close with bytes
-        unread makes the kernel send a RST, and a RST can destroy what the client has
-        not read yet: the answer just written, or the connection it was about to send
-        a request on (it gets a clean end of stream instead, and knows the request
-        was never read)."""
-        self._stopped = self._lingering = True
-        self._unset_keepalive_if_required()
-        self._cancel_timer()
-        self.connections.discard(self)  # no longer counts against max_connections
-        transport = self.transport
-        if transport.is_closing():
-            return
-        if not transport.can_write_eof():
-            transport.close()
-            return
-        transport.write_eof()
-        self.flow.resume_reading()
-        now = self._last_read = self.loop.time()
-        self._linger_until = now + LINGER_MAX
-        self._timer = self.loop.call_later(LINGER, self._linger_check)
-
-    def _linger_check(self) -> None:
-        self._timer = None
-        now = self.loop.time()
-        left = min(self._last_read + LINGER, self._linger_until) - now
-        if left <= 0:
-            self.transport.close()
-        else:
-            self._timer = self.loop.call_later(left, self._linger_check)
-
-    # -- server.write_timeout: the transport calls these at its high/low-water marks ----
-
-    def pause_writing(self) -> None:
-        super().pause_writing()
-        if self._stall is None:
-            self._unsent = self.transport.get_write_buffer_size()
-            self._stall = self.loop.call_later(self._server.write_timeout, self._write_stalled)
-
-    def resume_writing(self) -> None:
-        super().resume_writing()
-        if self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
-
-    def _write_stalled(self) -> None:
-        self._stall = None
-        unsent = self.transport.get_write_buffer_size()
-        if unsent < self._unsent:  # it reads, if slowly: it gets another period
-            self._unsent = unsent
-            self._stall = self.loop.call_later(self._server.write_timeout, self._write_stalled)
-            return
-        self.logger.warning(
-            "a caller took nothing of its response for %gs (server.write_timeout): "
-            "connection closed, %d unsent bytes dropped",
-            self._server.write_timeout,
-            unsent,
-        )
-        reset(self.transport)
-
-
-def reset(transport: Any) -> None:
-    """Close a caller's connection at once with a reset, its unsent bytes dropped: for a
-    caller that stopped reading, a plain close would leave them (and the socket's
-    buffers, megabytes) waiting in the kernel for a reader that never comes."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
-
-
-class _HeadHolder:
-    """The response's transport: holds the status line and headers until the first
-    body write, so a response sent whole leaves in one write (one syscall where
-    uvicorn makes two; most of the gateway's answers are whole). A large first body
-    write goes after the head instead of being copied onto it. Not used for HEAD,
-    whose answer has no body write to wait for.
-
-    An answer that starts before its request's body has all arrived (a 404 or a 413
-    by Content-Length, before the app read the body; an Expect: 100-continue request
-    refused before its 100) ends the connection: the client may send the rest of the
-    body or not, so what follows cannot be framed, and reading and discarding a body
-    that never ends would hold the connection forever. The close is the lingering one
-    (GatewayHttpProtocol._linger), so the answer is not lost to a reset while the
-    client is still sending."""
-
-    __slots__ = ("_cycle", "_head", "_protocol", "_transport")
-
-    def __init__(self, protocol: GatewayHttpProtocol, cycle: RequestResponseCycle) -> None:
-        self._protocol = protocol
-        self._cycle = cycle
-        self._transport = protocol.transport
-        self._head: bytes | None = None  # None: nothing held yet; b"": passed
-
-    def write(self, data: bytes) -> None:
-        head = self._head
-        if head is None and not data.startswith(b"HTTP/1.1 100 "):  # 100 Continue: now
-            cycle = self._cycle
-            if cycle.more_body and cycle.keep_alive:
-                cycle.keep_alive = False  # uvicorn closes after this answer
-                data = data[:-2] + b"connection: close\r\n\r\n"
-            self._head = data
-            return
-        if head:
-            self._head = b""
-            if len(data) >= COALESCE_BELOW:
-                self._transport.write(head)  # one write more, not a copy of the body
-            else:
-                data = head + data
-        self._transport.write(data)
-
-    def close(self) -> None:
-        if self._head:  # the app never sent its body: uvicorn closes, as it would
-            self._transport.write(self._head)
-            self._head = b""
-        self._protocol._linger()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
+            self._cancel_timer()
 
 
 def protocol_for(settings: Callable[[], ServerConfig]) -> type[GatewayHttpProtocol]:

@@ -23,7 +23,7 @@ MUTANTS = [
     ),
     Mutant(
         name="no-write-timeout",
-        path="gateway/listener.py",
+        path="gateway/connection.py",
         old="        if self._stall is None:\n",
         new="        if False:\n",
         tests=(f"{STREAMING}::test_a_caller_that_never_reads_a_stored_answer",),
