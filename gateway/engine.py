@@ -49,8 +49,7 @@ from gateway.errors import (
 from gateway.keys import RequestParts, extract_key, fingerprint, record_digest, scope_value
 from gateway.logs import current_trace
 from gateway.metrics import Metrics
-from gateway.outbound import Origin as Origin  # app imports it from here
-from gateway.outbound import forward
+from gateway.outbound import Origin, forward
 from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredResponse
 from gateway.refusals import (
     fingerprint_mismatch,

@@ -49,22 +49,8 @@ from urllib.parse import unquote, urlsplit
 
 from gateway.errors import NotSent, OutcomeLost
 from gateway.exchange import _Exchange
-from gateway.forwarding import HOP_BY_HOP, TrustedProxies, valid_host
 from gateway.pool import _Pool
-from gateway.response import BodyStream, ResponseBudget, UpstreamResponse, _after, _Broken
-
-# Upstream is this module's own. The rest live in gateway.forwarding and
-# gateway.response; gateway.app (at 500 lines), gateway.engine and gateway.admin (being
-# edited elsewhere) still import them from here.
-__all__ = [
-    "HOP_BY_HOP",
-    "BodyStream",
-    "ResponseBudget",
-    "TrustedProxies",
-    "Upstream",
-    "UpstreamResponse",
-    "valid_host",
-]
+from gateway.response import ResponseBudget, UpstreamResponse, _after, _Broken
 
 
 @dataclass(frozen=True, slots=True)

@@ -478,7 +478,7 @@ def test_answer_before_the_body_gets_no_100_and_closes(
 def test_answer_before_the_body_ends_a_body_that_keeps_coming(quick: Gateway) -> None:
     """A chunked body over the route's limit gets its 413 while it streams; the answer
     says Connection: close and the gateway half-closes, and although the client keeps
-    sending, the connection ends (the gateway drains for at most framing.LINGER_MAX, so
+    sending, the connection ends (the gateway drains for at most connection.LINGER_MAX, so
     the 413 is not lost to a reset, then closes) instead of reading a discarded body
     for as long as the client likes."""
     key = unique("endless")
@@ -802,7 +802,7 @@ class _CountingTransport:
 
 @pytest.mark.anyio
 async def test_whole_response_leaves_in_one_write() -> None:
-    """The listener holds a response's head until its body (framing._HeadHolder): the
+    """The listener holds a response's head until its body (cycle.Cycle): the
     answer goes out in one write, where uvicorn makes two."""
     async with InProcess(ServerConfig()) as server:
         with connect(server.port) as sock:

@@ -79,7 +79,7 @@ MUTANTS = [
     ),
     Mutant(
         name="control-header-forwarded",
-        path="gateway/app.py",
+        path="gateway/request.py",
         old="        if not bad and _FORBIDDEN_IN_HEADER.search(text):",
         new="        if False:",
         tests=case("control-in-another-header"),
@@ -87,7 +87,7 @@ MUTANTS = [
     ),
     Mutant(
         name="body-limit-removed",
-        path="gateway/app.py",
+        path="gateway/request.py",
         old="        size += len(chunk)\n        if size > limit:",
         new="        size += len(chunk)\n        if False:",
         tests=(f"{HOSTILE}::test_chunked_body_growing_past_the_limit_is_cut_off_while_streaming",),
@@ -95,7 +95,7 @@ MUTANTS = [
     ),
     Mutant(
         name="truncated-body-forwarded",
-        path="gateway/app.py",
+        path="gateway/request.py",
         old='        if message["type"] == "http.disconnect":\n',
         new='        if message["type"] == "http.disconnect":\n            break\n',
         tests=(f"{HOSTILE}::test_truncated_body_is_never_forwarded",),
@@ -114,7 +114,7 @@ MUTANTS = [
     ),
     Mutant(
         name="other-transfer-codings",
-        path="gateway/app.py",
+        path="gateway/request.py",
         old='    if codings and codings != ["chunked"]:',
         new="    if False:",
         tests=(f"{HOSTILE}::test_transfer_codings_other_than_chunked_are_refused",),
