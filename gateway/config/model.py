@@ -64,13 +64,17 @@ class ServerConfig(Section):
     upstream_keep_alive: Duration = 1.0
     #: response bytes the process holds in memory at once, over all requests
     max_buffered_responses: Size = 256 * 1024 * 1024
+    #: delivery attempts under way at once in this process, over all async routes
+    #: (each route also has its delivery.concurrency); 0: accept only, never deliver
+    max_deliveries: Annotated[int, Whole(0, 10_000)] = 64
 
     @classmethod
     def report_order(cls) -> tuple[str, ...]:
         return (
             "listen", "shutdown_grace", "max_header_bytes", "header_timeout", "body_timeout",
             "write_timeout", "keep_alive", "upstream_keep_alive", "max_connections",
-            "max_buffered_responses", "trusted_proxies", "access_log", "log_format",
+            "max_buffered_responses", "max_deliveries", "trusted_proxies", "access_log",
+            "log_format",
         )  # fmt: skip
 
 
