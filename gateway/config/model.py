@@ -24,6 +24,7 @@ from gateway.config.store import StoreConfig
 from gateway.config.text import kind, show, unknown_setting
 from gateway.config.types import (
     AdminToken,
+    Check,
     Duration,
     Flag,
     GraceDuration,
@@ -31,9 +32,39 @@ from gateway.config.types import (
     OneOf,
     Size,
     Whole,
+    text,
 )
 
 SECTIONS = ("server", "admin", "store", "defaults", "routes")
+
+
+def _status_prefix(value: object) -> str:
+    prefix = text(value)
+    example = "write e.g. /_idempotency"
+    if not prefix.startswith("/"):
+        raise ValueError(f"{show(prefix)} must start with /; {example}")
+    if prefix.endswith("/"):
+        raise ValueError(f"{show(prefix)} must not end with /; {example}")
+    if "{" in prefix or "}" in prefix:
+        raise ValueError(f"{show(prefix)} is a fixed path, not a pattern; {example}")
+    if any(c in prefix for c in "?#%\\") or any(c.isspace() for c in prefix):
+        raise ValueError(f"{show(prefix)} must be a plain path, without ? # % or spaces; {example}")
+    if any(segment in ("", ".", "..") for segment in prefix[1:].split("/")):
+        raise ValueError(f"{show(prefix)} must not hold empty, . or .. segments; {example}")
+    return prefix
+
+
+StatusPrefix = Annotated[
+    str,
+    Check(
+        _status_prefix,
+        {
+            "type": "string",
+            "pattern": "^(/[^/{}?#%\\\\\\s]+)+$",
+            "description": "e.g. /_idempotency",
+        },
+    ),
+]
 
 
 @settings
@@ -64,6 +95,9 @@ class ServerConfig(Section):
     upstream_keep_alive: Duration = 1.0
     #: response bytes the process holds in memory at once, over all requests
     max_buffered_responses: Size = 256 * 1024 * 1024
+    #: the gateway's own paths on the proxy port (a 202's status URL lives under it);
+    #: no route may match under it
+    status_prefix: StatusPrefix = "/_idempotency"
 
     @classmethod
     def report_order(cls) -> tuple[str, ...]:
@@ -71,6 +105,7 @@ class ServerConfig(Section):
             "listen", "shutdown_grace", "max_header_bytes", "header_timeout", "body_timeout",
             "write_timeout", "keep_alive", "upstream_keep_alive", "max_connections",
             "max_buffered_responses", "trusted_proxies", "access_log", "log_format",
+            "status_prefix",
         )  # fmt: skip
 
 
