@@ -264,3 +264,21 @@ def routes_list(value: object) -> object:
     if not isinstance(value, list | tuple):
         raise ValueError(f"expected a list, got {kind(value)}; write e.g. {ROUTES_EXAMPLE}")
     return value
+
+
+def check_status_prefix(routes: object, prefix: str, failed: set[int], problems: Problems) -> None:
+    """A route that can only match under `{prefix}/` would never be reached: the gateway
+    answers those paths itself (its status URLs)."""
+    own = prefix[1:].split("/")
+    for i, raw in enumerate(routes if isinstance(routes, list) else ()):
+        match = raw.get("match") if isinstance(raw, dict) else None
+        path = match.get("path") if isinstance(match, dict) else None
+        if i in failed or not isinstance(path, str):
+            continue
+        segments = path[1:].split("/")
+        if len(segments) > len(own) and segments[: len(own)] == own:
+            problems.add(
+                ("routes", i, "match", "path"),
+                f"{show(path)} is under server.status_prefix {show(prefix)}, which the gateway "
+                "answers itself; move the route, or set another status_prefix",
+            )
