@@ -24,6 +24,7 @@
         ├── ResponseUnreadable 500: the stored response cannot be decrypted; kept as is
         ├── UpstreamFailed     502: the upstream could not be reached (never sent)
         ├── StoreUnavailable   503: the store is down and the route fails closed
+        ├── QueueFull          503: an async route has delivery.max_queued waiting
         ├── TooManyConnections 503: over server.max_connections; nothing was read
         ├── OutcomeUnknown     504: the request was sent and its answer lost (timeout,
         │                          reset, cut off): the work may have run
@@ -260,6 +261,12 @@ class StoreUnavailable(ProblemError):
     status = 503
     slug = "store-unavailable"
     title = "The idempotency store is unavailable; retry later"
+
+
+class QueueFull(ProblemError):
+    status = 503
+    slug = "queue-full"
+    title = "The route's delivery queue is full; retry later"
 
 
 class TooManyConnections(ProblemError):
