@@ -150,6 +150,7 @@ class DeliveryWorker:
         self._seq = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
         self._rescan = asyncio.Event()
+        self._pending: set[str] = set()  # routes with queued work, as of the last watch
         self._unlisten: Callable[[], None] | None = None
         self.configure(config)
 
@@ -298,6 +299,7 @@ class DeliveryWorker:
                     pass  # admission keeps the last depths; accept fails on its own
                 else:
                     self.depths = {s.route: s.queued + s.retrying for s in stats}
+                    self._pending = {s.route for s in stats}
             await asyncio.sleep(QUEUE_WATCH * random.uniform(0.8, 1.2))
 
     async def _rescans(self) -> None:
@@ -318,3 +320,17 @@ class DeliveryWorker:
                 for due in found:
                     if due.ref.digest not in lane.live:
                         self._hint(lane, due)
+            await self._park_orphans()
+
+    async def _park_orphans(self) -> None:
+        """Deliveries of a route no longer configured: nobody can deliver them, so a
+        person decides (as the sweep does with such a route's unresolved keys)."""
+        configured = {route.name for route in self.config.routes}
+        for name in sorted(self._pending - configured):
+            reason = f"route {name!r} is no longer configured"
+            try:
+                found, _ = await self.store.due_candidates(name, 100)
+                for due in found:
+                    await self.store.pick(name, due.ref, "orphan", 1.0, 0, self.replica, reason)
+            except StoreError as exc:
+                log.warning("parking deliveries of removed route %s failed: %s", name, exc)

@@ -281,6 +281,22 @@ async def test_queue_full_refuses_new_keys_only(gateway_for: Build, upstream: Pr
     assert await upstream_count(upstream, first) == 0
 
 
+async def test_deliveries_of_a_removed_route_are_parked(
+    gateway_for: Build, upstream: Process
+) -> None:
+    gw = await gateway_for([async_route()], server={"max_deliveries": 0})
+    key = unique("orphan")
+    assert (await send(gw, key)).status_code == 202
+    renamed = {**async_route(), "name": "other", "match": {"path": "/other"}}
+    gw.gateway.reload(config_for(upstream.url, [renamed], server={"max_deliveries": 0}))
+    await asyncio.sleep(1.5)  # the queue watch sees the route's pending work
+    gw.gateway.store.due.lost()  # a rescan, as after a reconnect
+    record = await wait_for_state(gw, key, State.PARKED)
+    assert record.reason == f"route {ROUTE!r} is no longer configured"
+    assert record.attempts == 0
+    assert await upstream_count(upstream, key) == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("store_kind", [pytest.param("redis", marks=pytest.mark.redis)])
 async def test_storm_two_gateways_one_delivery_per_key(
