@@ -8,6 +8,7 @@ gateway's own (`Gateway.start`), woken by the store's notices.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -23,7 +24,7 @@ from gateway.delivery import next_delay, parse_retry_after, plan
 from gateway.keys import record_digest
 from gateway.records import KeyRef, Record, State
 from tests.conftest import GatewayClient, config_for, unique, upstream_count
-from tests.support.servers import Process
+from tests.support.servers import Process, upstream_server
 
 pytestmark = pytest.mark.anyio
 
@@ -182,6 +183,29 @@ async def test_retries_until_the_upstream_answers(gateway_for: Build, upstream: 
     assert counts["answers"][key] == {"503": 3, "200": 1}  # one delivery, three refusals
 
 
+async def test_never_sent_is_retried(gateway_for: Build) -> None:
+    """The upstream is not listening at first (connection refused: never sent), then
+    starts: the delivery goes through once it is up."""
+    down = upstream_server()
+    retry = {"attempts": 30, "backoff": "100ms", "max_backoff": "300ms"}
+    gw = await gateway_for([async_route(upstream=down.url, retry=retry)])
+    key = unique("refused")
+    assert (await send(gw, key)).status_code == 202
+    deadline = time.monotonic() + 10
+    while (record := await record_of(gw, key)) is None or record.attempts < 2:
+        assert time.monotonic() < deadline, record
+        await asyncio.sleep(0.05)
+    assert record.last_attempt["result"] == "retry_scheduled"
+    assert record.last_attempt["error"].startswith("not sent")
+    down.start()
+    try:
+        record = await wait_for_state(gw, key, State.COMPLETED)
+        assert await upstream_count(down, key) == 1
+        assert record.attempts >= 3
+    finally:
+        down.stop()
+
+
 async def test_retry_after_sets_the_next_attempt(gateway_for: Build, upstream: Process) -> None:
     """A 503 with Retry-After: 1 is tried again after 1 s, not after the 10 ms backoff;
     one asking for 30 s waits max_backoff (2 s) instead."""
@@ -261,6 +285,53 @@ async def test_unknown_outcome_follows_policy(
         assert record.attempts == 2
         assert record.response is not None and record.response.origin == "upstream"
         assert await upstream_count(upstream, key) == 2
+
+
+async def test_stop_picking_then_drain_leaves_nothing_lost(
+    gateway_for: Build, upstream: Process
+) -> None:
+    """SIGTERM's order (serve): no new pick at once, then the grace for attempts under
+    way, then those still out are unresolved (here parked, the route's policy). What
+    was queued stays queued, for the other replicas."""
+    gw = await gateway_for([async_route(upstream_timeout="10s")])
+    running, waiting = unique("running"), unique("waiting")
+    assert (await send(gw, running, "sleep=5")).status_code == 202
+    await wait_for_state(gw, running, State.IN_FLIGHT)
+    gw.gateway.delivery.stop_picking()
+    assert (await send(gw, waiting)).status_code == 202
+    await gw.gateway.engine.drain(0.3)
+    record = await wait_for_state(gw, running, State.PARKED)
+    assert "shut down" in record.reason
+    await asyncio.sleep(0.5)
+    assert (await record_of(gw, waiting)).state is State.QUEUED  # type: ignore[union-attr]
+    assert await upstream_count(upstream, waiting) == 0
+
+
+async def test_stored_request_drops_headers_and_the_key(
+    gateway_for: Build, upstream: Process
+) -> None:
+    """What is stored is what the upstream gets, minus drop_headers and the key header;
+    the key header is added again at each attempt."""
+    dl = {"mode": "async", "drop_headers": ["X-Secret"]}
+    gw = await gateway_for([async_route(delivery=dl)], server={"max_deliveries": 0})
+    key = unique("headers")
+    path = "/jobs/send-invoices?a=1"
+    headers = {"Idempotency-Key": key, "X-Secret": "hunter2", "X-Keep": "yes"}
+    assert (await gw.post(path, content=b"{}", headers=headers)).status_code == 202
+    stored = await gw.gateway.store.get_request(ref_of(key))
+    assert stored is not None
+    names = {n.lower() for n, _ in stored.headers}
+    assert "x-keep" in names and "x-forwarded-for" in names
+    assert "x-secret" not in names and "idempotency-key" not in names
+    assert (stored.method, stored.target, stored.body) == ("POST", path, b"{}")
+    # A reload lets this process deliver (its lanes start, their rescan finds the
+    # item): the upstream sees the key, not the secret.
+    gw.gateway.reload(config_for(upstream.url, [async_route(delivery=dl)]))
+    record = await wait_for_state(gw, key, State.COMPLETED)
+    assert record.response is not None
+    seen = json.loads(record.response.body)["headers"]
+    assert seen["idempotency-key"] == key and seen["x-keep"] == "yes"
+    assert "x-secret" not in seen
 
 
 async def test_queue_full_refuses_new_keys_only(gateway_for: Build, upstream: Process) -> None:

@@ -148,4 +148,20 @@ MUTANTS += [
         ),
         breaks="an upstream that asked for time (Retry-After) is hit again at once",
     ),
+    Mutant(
+        name="sigterm-keeps-picking",
+        path="gateway/delivery.py",
+        old="        self.picking = False\n",
+        new="        pass\n",
+        tests=(D + "test_stop_picking_then_drain_leaves_nothing_lost[memory]",),
+        breaks="a gateway shutting down starts new deliveries it will cut off at the grace",
+    ),
+    Mutant(
+        name="drop-headers-stored",
+        path="gateway/settlement.py",
+        old="if n.lower() not in drop)",
+        new="if True)",
+        tests=(D + "test_stored_request_drops_headers_and_the_key[memory]",),
+        breaks="headers the route says must never be stored (credentials) are kept with the job",
+    ),
 ]
