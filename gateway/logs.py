@@ -46,8 +46,8 @@ _DIGEST = re.compile(r"[0-9a-f]{32}")
 
 def access_path(path: str, status_prefix: str) -> str:
     """`path` as the access log shows it. A status URL shows its route and digest, and
-    `***` for its token; anything else under the prefix is `***` past it, so a token
-    sent in the wrong place (or before dot-segments) is not logged either."""
+    `***` for its token; any other path holding `{prefix}/` is `***` past it, so a token
+    sent in the wrong place, or behind dot-segments, is not logged either."""
     at = path.find(status_prefix + "/")
     if at < 0:
         return path

@@ -371,6 +371,33 @@ async def test_with_encryption_the_token_is_sealed_and_still_works(
         assert sealed and delivery.token.encode() not in sealed
 
 
+@pytest.mark.redis
+@pytest.mark.parametrize("store_kind", ["redis"])
+async def test_a_response_that_does_not_open_is_said_to_be_unreadable(
+    open_store: Callable[..., Store], gateway_on: Any, redis_server: RedisServer
+) -> None:
+    """A sealed response moved in from another record does not open: the holder learns
+    the delivery completed and that its response cannot be read, not why (a key id)."""
+    store = open_store(encryption_key=new_key())
+    gw = await gateway_on(store)
+    alice, bob = await accept(store), await accept(store)
+    for delivery, body in ((alice, b"alice's"), (bob, b"bob's")):
+        await attempt(store, delivery)
+        done = StoredResponse(200, (), body)
+        assert await store.complete(delivery.ref, "run-1", done, 3600)
+    assert isinstance(store, RedisStore)
+    raw = redis.Redis.from_url(redis_server.url)
+    try:
+        [alice_name] = raw.scan_iter(f"{store.prefix}*:{alice.ref.digest}")
+        [bob_name] = raw.scan_iter(f"{store.prefix}*:{bob.ref.digest}")
+        raw.hset(bob_name, "resp", raw.hget(alice_name, "resp") or b"")
+    finally:
+        raw.close()
+    doc = await read(gw, bob)
+    assert doc["state"] == "completed" and doc["response"] == {"unreadable": True}
+    assert "alice" not in json.dumps(doc)
+
+
 async def test_access_log_shows_the_token_as_stars(
     open_store: Callable[..., Store], gateway_on: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
