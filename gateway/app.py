@@ -198,9 +198,9 @@ class ProxyApp:
         try:
             raw_path, path = request_paths(scope)
             if path.startswith(prefix + "/"):  # the gateway's own, whatever the routes say
-                reply = await status_reply(gateway, scope, raw_path, trace)
-                await _send_reply(send, reply, gateway.engine.budget, scope, receive)
-                log_access(trace, reply.status)
+                status, raw, payload = await status_reply(gateway, scope, raw_path, trace)
+                await _send(send, status, raw, payload)
+                log_access(trace, status)
                 return
             match = gateway.router.match(scope["method"], path)
             if match is not None:

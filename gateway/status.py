@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 from gateway.config import Route
-from gateway.engine import Reply
 from gateway.errors import (
     MethodNotAllowed,
     ProblemError,
@@ -55,7 +54,7 @@ log = logging.getLogger("gateway")
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 #: secrets.token_urlsafe(16): 128 bits, 22 characters of the URL-safe alphabet
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{22}")
-_NO_STORE = ("cache-control", "no-store")
+_NO_STORE = (b"cache-control", b"no-store")
 
 #: What a caller is told of an attempt: its result class and the upstream's status.
 _ATTEMPT_FIELDS = ("result", "status")
@@ -66,7 +65,12 @@ def status_url(prefix: str, route: str, digest: str, token: str) -> str:
     return f"{prefix}/status/{quote(route, safe='')}/{digest}/{token}"
 
 
-async def status_reply(gateway: Gateway, scope: Scope, raw_path: str, trace: Trace) -> Reply:
+#: An answer as ProblemError.render gives it: status, headers (Content-Length among
+#: them), body. HEAD gets GET's; the server sends no body for it.
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+async def status_reply(gateway: Gateway, scope: Scope, raw_path: str, trace: Trace) -> Answer:
     """The answer to a request under `{server.status_prefix}/`, `raw_path` as forwarded
     would be (dot-segments removed, still percent-encoded)."""
     method = scope["method"]
@@ -93,7 +97,8 @@ async def status_reply(gateway: Gateway, scope: Scope, raw_path: str, trace: Tra
     trace.outcome = "status"
     url = status_url(prefix, record.route, record.digest, record.token)
     body = json.dumps(status_body(record, url), ensure_ascii=False).encode()
-    return Reply(200, (("content-type", "application/json"), _NO_STORE), body)
+    length = (b"content-length", b"%d" % len(body))
+    return 200, [(b"content-type", b"application/json"), length, _NO_STORE], body
 
 
 async def _find(
@@ -201,9 +206,6 @@ def _time(ms: int) -> str | None:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _problem(problem: ProblemError) -> Reply:
-    status, raw, payload = problem.render()
-    headers = tuple(
-        (n.decode("latin-1"), v.decode("latin-1")) for n, v in raw if n != b"content-length"
-    )
-    return Reply(status, (*headers, _NO_STORE), payload)
+def _problem(problem: ProblemError) -> Answer:
+    status, headers, body = problem.render()
+    return status, [*headers, _NO_STORE], body
