@@ -33,7 +33,7 @@ from gateway.errors import (
 )
 from gateway.forwarding import TrustedProxies
 from gateway.keys import RequestParts
-from gateway.logs import Trace, current_trace, log_access
+from gateway.logs import Trace, access_path, current_trace, log_access
 from gateway.metrics import Metrics
 from gateway.outbound import Origin
 from gateway.reconcile import Reconciler, stop_if_cancelled
@@ -41,6 +41,7 @@ from gateway.request import read_body, read_headers, request_paths, splits_diffe
 from gateway.response import BodyStream, ResponseBudget
 from gateway.routes import Router
 from gateway.settlement import Reply
+from gateway.status import status_reply
 from gateway.store import open_store
 from gateway.store.base import Store
 from gateway.upstream import Upstream
@@ -146,13 +147,19 @@ class Gateway:
             ("store", self.config.store, config.store),
             ("server.listen", self.config.server.listen, config.server.listen),
             ("admin.listen", self.config.admin.listen, config.admin.listen),
+            # 202s handed out name the prefix their callers will poll
+            ("server.status_prefix", self.config.server.status_prefix, config.server.status_prefix),
         ):
             if old != new:
                 kept.append(f"{name} changed: restart the gateway to apply it")
         config = replace(
             config,
             store=self.config.store,
-            server=replace(config.server, listen=self.config.server.listen),
+            server=replace(
+                config.server,
+                listen=self.config.server.listen,
+                status_prefix=self.config.server.status_prefix,
+            ),
             admin=replace(config.admin, listen=self.config.admin.listen),
         )
         self.config = config
@@ -199,10 +206,16 @@ class ProxyApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway = self.gateway
         route_name: str | None = None
-        trace = Trace(scope["method"], scope["path"])
+        prefix = gateway.config.server.status_prefix
+        trace = Trace(scope["method"], access_path(scope["path"], prefix))
         current_trace.set(trace)
         try:
             raw_path, path = request_paths(scope)
+            if path.startswith(prefix + "/"):  # the gateway's own, whatever the routes say
+                status, raw, payload = await status_reply(gateway, scope, raw_path, trace)
+                await _send(send, status, raw, payload)
+                log_access(trace, status)
+                return
             match = gateway.router.match(scope["method"], path)
             if match is not None:
                 route_name = trace.route = match.route.name

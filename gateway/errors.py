@@ -14,6 +14,8 @@
         │   └── AmbiguousPath  400: an encoded slash or a backslash on a keyed route
         ├── MissingKey         400: the route needs a key and the request has none
         ├── NoRoute            404: no route matches
+        ├── UnknownStatus      404: a status URL that names no delivery (whatever is wrong)
+        ├── MethodNotAllowed   405: the gateway's own paths take GET and HEAD only
         ├── RequestTimeout     408: the head or body did not arrive in time (the listener)
         ├── PayloadTooLarge    413
         ├── UriTooLong         414: the request target is over server.max_header_bytes
@@ -202,6 +204,18 @@ class NoRoute(ProblemError):
     status = 404
     slug = "no-route"
     title = "No route matches this request"
+
+
+class UnknownStatus(ProblemError):
+    status = 404
+    slug = "unknown-status"
+    title = "No delivery has this status URL"
+
+
+class MethodNotAllowed(ProblemError):
+    status = 405
+    slug = "method-not-allowed"
+    title = "The gateway's status URLs take GET and HEAD only"
 
 
 class RequestTimeout(ProblemError):
