@@ -158,6 +158,8 @@ async def test_article_case_accepted_then_delivered_once(
     assert time.monotonic() - started >= 3.5
     assert record.response is not None and record.response.status == 200
     assert await upstream_count(upstream, key) == 1
+    status = await gw.http.get(first.headers["location"])  # from the 202, on the proxy port
+    assert (status.status_code, status.json()["state"]) == (200, "completed")
     after = await send(gw, key, "sleep=3.5")
     assert (after.status_code, after.json()["state"]) == (202, "completed")
     assert after.headers["location"] == first.headers["location"]
