@@ -60,6 +60,8 @@ LISTABLE = {
     "unresolved": State.UNRESOLVED,
     "parked": State.PARKED,
     "claimed": State.CLAIMED,
+    "queued": State.QUEUED,  # deliveries of async routes, from the due indexes
+    "retrying": State.RETRYING,
 }
 
 #: A request body of the operator API, but resolve's: a name, a note, a flag.
@@ -322,6 +324,9 @@ def summary(record: Record) -> dict[str, Any]:
         "last_reconcile": doc.get("reconcile"),
         "holder": doc.get("holder"),
         "holder_since_ms": doc.get("holder_since_ms") or None,
+        # null on a key of a sync route
+        "attempts": doc["delivery"]["attempts"] if "delivery" in doc else None,
+        "next_attempt_ms": doc["delivery"]["next_attempt_ms"] if "delivery" in doc else None,
     }
 
 

@@ -94,6 +94,12 @@ def _print_record(doc: dict[str, Any]) -> None:
         print(f"holder:   {doc['holder']} since {_when(doc.get('holder_since_ms'))}")
     if doc.get("reconcile"):
         print(f"last check: {json.dumps(doc['reconcile'])}")
+    if doc.get("delivery"):
+        delivery = doc["delivery"]
+        due = delivery.get("next_attempt_ms")
+        print(f"attempts: {delivery['attempts']}" + (f", next {_when(due)}" if due else ""))
+        if delivery.get("last_attempt"):
+            print(f"last attempt: {json.dumps(delivery['last_attempt'])}")
     print("history:")
     for event in doc.get("history", []):
         details = ", ".join(f"{k}={v}" for k, v in event.items() if k not in ("at_ms", "event"))
@@ -125,6 +131,8 @@ def _run(args: argparse.Namespace, client: AdminClient) -> int:
         status, doc = client.call("GET", "/admin/keys?" + urlencode(query))
     elif args.keys_command == "show":
         status, doc = client.call("GET", _key_path(args.route, args.key) + suffix)
+    elif args.keys_command == "retry":
+        status, doc = _retry(args, client, suffix)
     elif args.keys_command == "claim":
         body: dict[str, Any] = {"operator": args.operator, "force": args.force}
         status, doc = client.call("POST", _key_path(args.route, args.key) + "/claim" + suffix, body)
@@ -158,11 +166,30 @@ def _run(args: argparse.Namespace, client: AdminClient) -> int:
             ]
             for k in doc["keys"]
         ]
-        print(_table(rows, ["ROUTE", "KEY", "STATE", "FOR", "HOLDER", "REASON", "LAST CHECK"]))
+        header = ["ROUTE", "KEY", "STATE", "FOR", "HOLDER", "REASON", "LAST CHECK"]
+        if any(k.get("attempts") is not None for k in doc["keys"]):  # deliveries listed
+            header[4:4] = ["ATTEMPTS", "NEXT"]
+            for row, k in zip(rows, doc["keys"], strict=True):
+                attempts, due = k.get("attempts"), k.get("next_attempt_ms")
+                row[4:4] = ["" if attempts is None else str(attempts), _when(due) if due else ""]
+        print(_table(rows, header))
         print(f"\n{doc['count']} key(s)")
     else:
         _print_record(doc)
     return 0
+
+
+def _retry(args: argparse.Namespace, client: AdminClient, suffix: str) -> tuple[int, Any]:
+    """Claim (never by force: someone else's claim is theirs to resolve), then resolve
+    `retry`: a parked delivery is queued again with fresh attempts, a sync key is freed
+    for its caller's next request."""
+    path = _key_path(args.route, args.key)
+    body: dict[str, Any] = {"operator": args.operator, "force": False}
+    status, doc = client.call("POST", path + "/claim" + suffix, body)
+    if status >= 400:
+        return status, doc
+    body = {"operator": args.operator, "outcome": "retry", "note": args.note or ""}
+    return client.call("POST", path + "/resolve" + suffix, body)
 
 
 def _shared_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -194,7 +221,7 @@ def add_parser(sub: Any) -> None:
     listing.add_argument(
         "--state",
         default="unresolved,parked,claimed",
-        help="comma-separated: in_flight, unresolved, parked, claimed",
+        help="comma-separated: in_flight, unresolved, parked, claimed, queued, retrying",
     )
     listing.add_argument("--route")
     listing.add_argument("--older-than", help="e.g. 10m")
@@ -202,18 +229,20 @@ def add_parser(sub: Any) -> None:
         ("show", "a key with its history"),
         ("claim", "take a key to work on"),
         ("resolve", "decide a key you hold"),
+        ("retry", "claim and resolve retry: a parked delivery is queued again"),
     ):
         action = actions.add_parser(name, help=text, parents=[shared])
         action.add_argument("route")
         action.add_argument("key")
         action.add_argument("--digest", help="for scoped routes: the digest from `keys list`")
-        if name in ("claim", "resolve"):
+        if name in ("claim", "resolve", "retry"):
             action.add_argument(
                 "--operator", default=os.environ.get("USER", ""), help="who you are"
             )
         if name == "claim":
             action.add_argument("--force", action="store_true", help="take it over (recorded)")
+        if name in ("resolve", "retry"):
+            action.add_argument("--note", help="what you found")
         if name == "resolve":
             action.add_argument("outcome", choices=["done", "retry"])
-            action.add_argument("--note", help="what you found")
             action.add_argument("--response", help='JSON {"status": 200, "body": ...} to replay')

@@ -176,11 +176,14 @@ class Gateway:
         cluster-wide truth at scrape time."""
         try:
             stats = await self.store.stats()
+            queues = await self.store.queue_stats()
         except StoreError:
             self.metrics.store_up.set(0)
             return
         self.metrics.store_up.set(1)
         self.metrics.set_key_stats(stats, [r.name for r in self.config.routes])
+        asyncs = [r.name for r in self.config.routes if r.delivery.mode == "async"]
+        self.metrics.set_queue_stats(queues, asyncs)
 
     async def __aenter__(self) -> Gateway:
         await self.start()

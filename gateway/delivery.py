@@ -273,6 +273,7 @@ class DeliveryWorker:
         while True:
             try:
                 result = await self.engine.deliver(route, due.ref, self.replica)
+                self.engine.metrics.attempt(route.name, result.result)
                 break
             except StoreError as exc:
                 failures += 1

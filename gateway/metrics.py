@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from gateway.records import OPEN_STATES
 
 if TYPE_CHECKING:
-    from gateway.store.base import StateCount, StoreInfo
+    from gateway.store.base import QueueStat, StateCount, StoreInfo
 
 #: Every value the `outcome` label takes, so dashboards can rely on the set.
 OUTCOMES = (
@@ -32,7 +32,14 @@ OUTCOMES = (
     "store_bypassed",  # the store failed and the route fails open
     "accepted",  # 202: queued for delivery on a delivery: async route
     "queue_full",  # 503: the async route has delivery.max_queued waiting
+    "status",  # a status URL answered with its delivery's state
+    "status_not_found",  # 404: a status URL naming no delivery (route "": not trusted)
 )
+
+#: Every value the delivery attempts' `result` label takes.
+ATTEMPT_RESULTS = ("completed", "retry_scheduled", "unknown_outcome", "exhausted")
+#: The queue depth's `state` values (the due indexes' two states).
+QUEUE_STATES = ("queued", "retrying")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +163,36 @@ class Metrics:
             action: self.buffer_full.labels(action) for action in ("streamed", "paused")
         }
         self._buffered: Callable[[], int] | None = None
+        self.queue_depth = Gauge(
+            prefix + "queue_depth",
+            "Deliveries waiting on async routes, cluster-wide (read from the store): "
+            "queued (never attempted) and retrying (due again after a failed attempt).",
+            ["route", "state"],
+            registry=self.registry,
+            multiprocess_mode="mostrecent",
+        )
+        self.queue_oldest_age = Gauge(
+            prefix + "queue_oldest_age_seconds",
+            "The longest a due delivery has waited for a worker (queued since accepted, "
+            "retrying since due), cluster-wide.",
+            ["route"],
+            registry=self.registry,
+            multiprocess_mode="mostrecent",
+        )
+        self.delivery_attempts = Counter(
+            prefix + "delivery_attempts",
+            "Delivery attempts by result, counted by the process that made them; "
+            "exhausted also when a pick finds no attempt left (the delivery is parked).",
+            ["route", "result"],
+            registry=self.registry,
+        )
+        self.first_attempt_delay = Histogram(
+            prefix + "delivery_first_attempt_delay_seconds",
+            "Time from acceptance (202) to a delivery's first attempt, by the store's clock.",
+            ["route"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=self.registry,
+        )
 
     def set_key_stats(self, stats: list[StateCount], routes: list[str]) -> None:
         """Replace the key gauges with a fresh read; every route and open state is
@@ -172,6 +209,33 @@ class Metrics:
         for stat in stats:
             self.keys.labels(stat.route, str(stat.state)).set(stat.count)
             self.oldest_key_age.labels(stat.route, str(stat.state)).set(stat.oldest_seconds)
+
+    def set_queue_stats(self, stats: list[QueueStat], routes: list[str]) -> None:
+        """Replace the queue gauges with a fresh read: every async route x state is
+        present at 0 when empty; a route no longer configured shows while it has work."""
+        if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+            self.queue_depth.clear()
+            self.queue_oldest_age.clear()
+        for route in routes:
+            for state in QUEUE_STATES:
+                self.queue_depth.labels(route, state).set(0)
+            self.queue_oldest_age.labels(route).set(0)
+            # Present at 0 before the first one, so increase() sees the first too.
+            self.first_attempt_delay.labels(route)
+            for result in ATTEMPT_RESULTS:
+                self.delivery_attempts.labels(route, result)
+        for stat in stats:
+            self.queue_depth.labels(stat.route, "queued").set(stat.queued)
+            self.queue_depth.labels(stat.route, "retrying").set(stat.retrying)
+            self.queue_oldest_age.labels(stat.route).set(stat.oldest_wait_seconds)
+
+    def attempt(self, route: str, result: str) -> None:
+        """A delivery attempt's result ("" when nothing was attempted: not counted)."""
+        if result:
+            self.delivery_attempts.labels(route, result).inc()
+
+    def first_attempt(self, route: str, delay_ms: int) -> None:
+        self.first_attempt_delay.labels(route).observe(max(0, delay_ms) / 1000)
 
     def set_store_info(self, info: StoreInfo) -> None:
         labels = (info.maxmemory_policy, info.aof)

@@ -91,10 +91,12 @@ async def status_reply(gateway: Gateway, scope: Scope, raw_path: str, trace: Tra
         return _problem(problem)
     if found is None:
         trace.outcome = "status_not_found"
+        gateway.metrics.count("", "status_not_found")  # the URL's route name is untrusted
         return _problem(UnknownStatus())
     route, record = found
     trace.route, trace.key, trace.sensitive = record.route, record.key, route.sensitive_keys
     trace.outcome = "status"
+    gateway.metrics.count(record.route, "status")
     url = status_url(prefix, record.route, record.digest, record.token)
     body = json.dumps(status_body(record, url), ensure_ascii=False).encode()
     length = (b"content-length", b"%d" % len(body))

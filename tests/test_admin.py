@@ -45,7 +45,7 @@ from gateway.errors import (
     UnknownKey,
 )
 from gateway.keys import record_digest
-from gateway.records import KeyRef, Record, State, StoredResponse
+from gateway.records import KeyRef, Record, State, StoredRequest, StoredResponse
 from gateway.store.base import Store
 from gateway.store.redis import RedisStore
 from tests.conftest import config_for, unique
@@ -546,12 +546,81 @@ async def test_a_listing_row_is_the_records_json_in_short(admin_for: Callable[..
             "last_reconcile",
             "holder",
             "holder_since_ms",
+            "attempts",
+            "next_attempt_ms",
         }
+        assert row["attempts"] is None and row["next_attempt_ms"] is None  # not deliveries
         for name in ("route", "key", "digest", "state", "run_id"):
             assert row[name] == doc[name] == summary(record)[name]
         assert row["reason"] == record.reason == "upstream timed out"
         assert row["holder"] == holder and row["last_reconcile"] is None
         assert row["holder_since_ms"] == (record.holder_since_ms if holder else None)
+
+
+async def deliveries(api: Admin) -> dict[str, KeyRef]:
+    """One delivery in each state an operator meets: queued, retrying, parked."""
+    request = StoredRequest("POST", "/jobs/i", (), b'{"k": 1}')
+    refs = {}
+    for state in ("queued", "retrying", "parked"):
+        key = unique(state)
+        ref = refs[state] = KeyRef(record_digest(ROUTE, "", key), ROUTE, key)
+        accepted = await api.store.accept(ref, "run-a", "fp", request, "T" * 22)
+        assert accepted.outcome == "queued"
+        if state == "queued":
+            continue
+        picked = await api.store.pick(ROUTE, ref, "run-1", 60, 8, "replica-a")
+        assert picked.record is not None and picked.record.digest == ref.digest
+        delay = 3600.0 if state == "retrying" else None
+        attempt = {"result": "retry_scheduled", "status": 503}
+        assert await api.store.retry_later(ref, "run-1", delay, attempt)
+    return refs
+
+
+async def test_deliveries_are_listed_by_their_states(admin_for: Callable[..., Any]) -> None:
+    api: Admin = await admin_for()
+    refs = await deliveries(api)
+    await api.seed(State.PARKED)
+
+    async def rows(state: str) -> dict[str, dict[str, Any]]:
+        answer = await api.http.get("/admin/keys", params={"state": state})
+        assert answer.status_code == 200, answer.text
+        return {row["key"]: row for row in answer.json()["keys"]}
+
+    queued = await rows("queued")
+    assert set(queued) == {refs["queued"].key}
+    row = queued[refs["queued"].key]
+    assert row["state"] == "queued" and row["attempts"] == 0 and row["next_attempt_ms"] > 0
+    retrying = await rows("retrying")
+    assert set(retrying) == {refs["retrying"].key}
+    row = retrying[refs["retrying"].key]
+    record = await api.record(refs["retrying"])
+    assert row["attempts"] == 1 and row["next_attempt_ms"] == record.due_ms
+    assert record.due_ms > record.now_ms + 60_000  # an hour away, give or take
+    assert set(await rows("queued,retrying")) == {refs["queued"].key, refs["retrying"].key}
+    parked = await rows("parked")
+    assert refs["parked"].key in parked and len(parked) == 2
+    assert parked[refs["parked"].key]["attempts"] == 1
+    assert parked[refs["parked"].key]["next_attempt_ms"] is None
+
+
+async def test_retry_queues_a_parked_delivery_with_fresh_attempts(
+    admin_for: Callable[..., Any],
+) -> None:
+    api: Admin = await admin_for()
+    seeded = await deliveries(api)
+    ref = seeded["parked"]
+    claimed = await api.http.post(path(ref, "claim"), json={"operator": "alice"})
+    assert claimed.status_code == 200, claimed.text
+    body = {"operator": "alice", "outcome": "retry", "note": "upstream fixed"}
+    resolved = await api.http.post(path(ref, "resolve"), json=body)
+    assert resolved.status_code == 200, resolved.text
+    doc = resolved.json()
+    assert doc["state"] == "queued" and doc["delivery"]["attempts"] == 0
+    queued = (await api.http.get("/admin/keys", params={"state": "queued"})).json()["keys"]
+    assert {row["key"] for row in queued} == {ref.key, seeded["queued"].key}
+    # Queued deliveries are the workers', not an operator's.
+    again = await api.http.post(path(ref, "claim"), json={"operator": "alice", "force": True})
+    assert_problem(again, InvalidTransition, state="queued")
 
 
 @MEMORY

@@ -505,6 +505,14 @@ def live_config(tmp_path: Path, upstream: Process, port: int, admin_port: int) -
                     "every": "300ms",
                 },
             },
+            {  # 202 at once, delivered by the gateway; two attempts, close together
+                **job,
+                "name": "send-receipts",
+                "match": {"methods": ["POST"], "path": "/jobs/send-receipts"},
+                "upstream_timeout": "5s",
+                "delivery": "async",
+                "retry": {"attempts": 2, "backoff": "10ms", "max_backoff": "20ms"},
+            },
             {"name": "other-jobs", "match": {"path": "/jobs/{name}"}, "upstream": upstream.url},
         ],
     }
@@ -539,6 +547,22 @@ def drive_traffic(http: httpx.Client, admin: httpx.Client) -> None:
     slow = http.post(invoices, json={"job_key": unique()}, params={"sleep": "0.4"})
     assert slow.status_code == 504
     assert http.get("/jobs/anything").status_code == 200  # passthrough
+    # An async route: one delivered, one that fails both attempts and is parked.
+    receipts = "/jobs/send-receipts"
+    accepted = http.post(receipts, json={"job_key": unique("receipt")})
+    assert accepted.status_code == 202, accepted.text
+    failing = http.post(receipts, json={"job_key": unique("failing")}, params={"fail_first": "5"})
+    assert failing.status_code == 202, failing.text
+    assert http.get(accepted.headers["location"]).status_code == 200
+    assert http.get("/_idempotency/status/send-receipts/x/y").status_code == 404
+
+
+#: What the scrape shows once the traffic settled: a reconcile check, both deliveries.
+LIVE_WAITS = (
+    "idempotency_gateway_reconcile_total{",
+    'idempotency_gateway_delivery_attempts_total{result="completed",route="send-receipts"} 1.0',
+    'idempotency_gateway_delivery_attempts_total{result="exhausted",route="send-receipts"} 1.0',
+)
 
 
 @pytest.fixture(scope="module")
@@ -557,8 +581,8 @@ def live(tmp_path_factory: pytest.TempPathFactory, upstream: Process) -> Iterato
             drive_traffic(http, admin)
             deadline = time.monotonic() + 15
             scrape = admin.get("/metrics").text
-            while "idempotency_gateway_reconcile_total{" not in scrape:
-                assert time.monotonic() < deadline, "no reconcile check ran:\n" + scrape
+            while not all(want in scrape for want in LIVE_WAITS):
+                assert time.monotonic() < deadline, f"not all of {LIVE_WAITS}:\n{scrape}"
                 time.sleep(0.2)
                 scrape = admin.get("/metrics").text
         yield Live(scrape, admin_url)
@@ -627,3 +651,53 @@ def test_docker_healthcheck_command_works(live: Live) -> None:
         timeout=30,
     )
     assert bad.returncode != 0
+
+
+@pytest.mark.process
+def test_delivery_metrics_count_each_attempt_once(live: Live) -> None:
+    def value(name: str, **labels: str) -> float:
+        found = [s.value for s in live.samples if s.name == name and s.labels == labels]
+        assert len(found) == 1, (name, labels)
+        return found[0]
+
+    attempts = "idempotency_gateway_delivery_attempts_total"
+    route = "send-receipts"
+    assert value(attempts, route=route, result="completed") == 1
+    assert value(attempts, route=route, result="retry_scheduled") == 1  # the failing one's first
+    assert value(attempts, route=route, result="exhausted") == 1
+    assert value(attempts, route=route, result="unknown_outcome") == 0
+    # Nothing is left waiting: the parked one is a parked key, not queue depth.
+    depth = "idempotency_gateway_queue_depth"
+    assert value(depth, route=route, state="queued") == 0
+    assert value(depth, route=route, state="retrying") == 0
+    assert value("idempotency_gateway_queue_oldest_age_seconds", route=route) == 0
+    assert value("idempotency_gateway_keys", route=route, state="parked") == 1
+    first = "idempotency_gateway_delivery_first_attempt_delay_seconds_count"
+    assert value(first, route=route) == 2
+    # Queue gauges are for async routes only.
+    assert not [s for s in live.samples if s.name == depth and s.labels["route"] != route]
+    requests = "idempotency_gateway_requests_total"
+    assert value(requests, route=route, outcome="accepted") == 2
+    assert value(requests, route=route, outcome="status") == 1
+    assert value(requests, route="", outcome="status_not_found") == 1
+
+
+def test_queue_gauges_keep_each_state_apart() -> None:
+    from gateway.metrics import Metrics
+    from gateway.store.base import QueueStat
+
+    metrics = Metrics()
+    stats = [QueueStat("send-receipts", 3, 1, 42.5), QueueStat("gone", 0, 2, 7.0)]
+    metrics.set_queue_stats(stats, ["send-receipts", "idle"])
+    sample = metrics.registry.get_sample_value
+    depth = "idempotency_gateway_queue_depth"
+    assert sample(depth, {"route": "send-receipts", "state": "queued"}) == 3
+    assert sample(depth, {"route": "send-receipts", "state": "retrying"}) == 1
+    assert sample(depth, {"route": "idle", "state": "queued"}) == 0  # present, at 0
+    assert sample(depth, {"route": "gone", "state": "retrying"}) == 2  # work left, unconfigured
+    age = "idempotency_gateway_queue_oldest_age_seconds"
+    assert sample(age, {"route": "send-receipts"}) == 42.5
+    assert sample(age, {"route": "idle"}) == 0
+    metrics.set_queue_stats([], ["send-receipts"])  # drained: back to 0, "gone" dropped
+    assert sample(depth, {"route": "send-receipts", "state": "queued"}) == 0
+    assert sample(depth, {"route": "gone", "state": "retrying"}) is None

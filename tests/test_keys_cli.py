@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.process
 
 TOKEN = "cli-admin-token"
 ROUTE = "charge"
+DELIVERED = "deliver"
 
 
 class Admin:
@@ -37,6 +39,24 @@ class Admin:
             answer = client.post("/jobs/charge", json={"job_key": key}, params={"sleep": "0.4"})
         assert answer.status_code == 504, answer.text
         return key
+
+    def parked_delivery(self) -> tuple[str, str]:
+        """A delivery whose one attempt got 503 (the upstream's first run of the key
+        fails; the second succeeds): its key and status URL."""
+        key = unique("deliver")
+        with httpx.Client(base_url=self.proxy, timeout=10) as client:
+            answer = client.post("/jobs/deliver", json={"job_key": key}, params={"fail_first": "1"})
+            assert answer.status_code == 202, answer.text
+            status = answer.headers["location"]
+            self.until(client, status, "parked")
+        return key, status
+
+    def until(self, client: httpx.Client, status: str, state: str) -> dict[str, Any]:
+        deadline = time.monotonic() + 10
+        while (doc := client.get(status).json())["state"] != state:
+            assert time.monotonic() < deadline, doc
+            time.sleep(0.05)
+        return dict(doc)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +74,16 @@ def admin(tmp_path_factory: pytest.TempPathFactory, upstream: Process) -> Iterat
                 "key": {"body": "job_key"},
                 "fingerprint": ["method", "path", "body"],
                 "upstream_timeout": "200ms",
-            }
+            },
+            {  # one attempt: a delivery that fails it is parked at once
+                "name": DELIVERED,
+                "match": {"methods": ["POST"], "path": "/jobs/deliver"},
+                "upstream": upstream.url,
+                "key": {"body": "job_key"},
+                "fingerprint": ["method", "path", "body"],
+                "delivery": "async",
+                "retry": {"attempts": 1},
+            },
         ],
     }
     path = tmp_path_factory.mktemp("cli") / "gateway.yaml"
@@ -161,3 +190,43 @@ def test_an_unreachable_admin_listener_is_an_error_not_a_traceback(
     assert "Traceback" not in err
     assert cli.main(["keys", "list", "--admin-url", "not-a-url"]) == 1
     assert "is not an http(s) URL" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("dead_default")
+def test_retry_queues_a_parked_delivery_and_it_is_delivered_once(
+    admin: Admin, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key, status = admin.parked_delivery()
+    listing = run_json(
+        ["keys", "--admin-url", admin.url, "list", "--state", "parked", "--json"], capsys
+    )
+    [row] = [k for k in listing["keys"] if k["key"] == key]
+    assert row["attempts"] == 1 and row["reason"].startswith("attempts exhausted (1)")
+    assert cli.main(["keys", "--admin-url", admin.url, "list", "--state", "parked"]) == 0
+    table = capsys.readouterr().out
+    assert table.split("\n")[0].split() == [
+        "ROUTE",
+        "KEY",
+        "STATE",
+        "FOR",
+        "ATTEMPTS",
+        "NEXT",
+        "HOLDER",
+        "REASON",
+        "LAST",
+        "CHECK",
+    ]
+    # Someone else's claim is theirs: retry never takes it over.
+    retry = ["keys", "--admin-url", admin.url, "retry", DELIVERED, key]
+    assert cli.main([*retry[:3], "claim", DELIVERED, key, "--operator", "bob"]) == 0
+    capsys.readouterr()
+    assert cli.main([*retry, "--operator", "alice"]) == 1
+    assert "bob holds it" in capsys.readouterr().err
+    done = run_json([*retry, "--operator", "bob", "--note", "upstream fixed", "--json"], capsys)
+    assert done["state"] == "queued" and done["delivery"]["attempts"] == 0
+    assert done["history"][-1]["note"] == "upstream fixed"
+    with httpx.Client(base_url=admin.proxy, timeout=10) as client:
+        delivered = admin.until(client, status, "completed")
+    assert delivered["attempts"] == 1
+    record = run_json(["keys", "--admin-url", admin.url, "show", DELIVERED, key, "--json"], capsys)
+    assert [e["event"] for e in record["history"]].count("attempt") == 2  # one before, one after

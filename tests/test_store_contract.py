@@ -673,6 +673,24 @@ async def test_queue_reads_split_by_route_and_state_earliest_first(store: Store)
     assert candidates[0].due_ms < candidates[1].due_ms
 
 
+async def test_open_records_lists_queued_and_retrying_from_the_due_indexes(store: Store) -> None:
+    queued, retrying, gone = await accepted(store), await accepted(store), await accepted(store)
+    await picked(store, retrying)
+    await store.retry_later(retrying, "run-1", 30, ATTEMPT)
+    await picked(store, gone)  # in flight: no longer in a due index
+    both = await store.open_records(frozenset({State.QUEUED, State.RETRYING}))
+    found = {r.digest: r.state for r in both}
+    assert found[queued.digest] is State.QUEUED and found[retrying.digest] is State.RETRYING
+    assert gone.digest not in found and len(both) == len(found)  # each once
+    only = await store.open_records(frozenset({State.RETRYING}))
+    assert retrying.digest in {r.digest for r in only}
+    assert all(r.state is State.RETRYING for r in only)
+    listed = [r for r in only if r.digest == retrying.digest]
+    assert listed[0].attempts == 1 and listed[0].due_ms > listed[0].now_ms
+    old = await store.open_records(frozenset({State.IN_FLIGHT}))
+    assert gone.digest in {r.digest for r in old} and queued.digest not in {r.digest for r in old}
+
+
 async def test_a_store_says_when_delivery_notices_may_have_been_missed(
     make_store: Callable[[], Store], store_kind: str
 ) -> None:

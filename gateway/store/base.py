@@ -446,8 +446,9 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def open_records(self, states: frozenset[State]) -> list[Record]:
-        """Every record in these states (in_flight, unresolved, parked, claimed),
-        read from the indexes, never by scanning the keyspace."""
+        """Every record in these states (in_flight, unresolved, parked, claimed,
+        queued, retrying), read from the indexes (deliveries: the due indexes), never
+        by scanning the keyspace."""
 
     async def stats(self) -> list[StateCount]:
         """Count and oldest age per route of unresolved, parked and claimed records."""

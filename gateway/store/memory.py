@@ -410,4 +410,9 @@ class MemoryStore(MemoryDeliveries):
             for state in _INDEXED
             if state in states
             for digest in self._index[state]
+        ] + [  # deliveries waiting: from the due indexes
+            replace(self._records[digest], now_ms=now)
+            for queued in self._queued.values()
+            for digest in queued
+            if self._records[digest].state in states
         ]

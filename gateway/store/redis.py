@@ -438,6 +438,7 @@ class RedisStore(RedisDeliveries, RedisNotices):
             if State(state) in states
             for digest, _ in await self._members(state)
         ]
+        digests += await self.queue_members(states)
         if not digests:
             return []
         return [r for r in await self._read_many(digests) if r is not None]

@@ -25,13 +25,14 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from gateway.errors import StoreError
-from gateway.records import KeyRef, StoredRequest
+from gateway.records import KeyRef, State, StoredRequest
 from gateway.store.base import Accepted, ExpiredPolicy, PickResult, QueueStat, Store
 from gateway.store.notices import Due
 from gateway.store.redis_record import decode_record, text
 
 #: The queue states' index names, after the bucket tag and before the route.
 QUEUE_INDEXES = ("i:queued:", "i:retrying:")
+QUEUE_STATES_ORDER = (State.QUEUED, State.RETRYING)
 
 
 def attempt_json(attempt: dict[str, Any]) -> str:
@@ -212,6 +213,31 @@ class RedisDeliveries(Store):
             for route, (queued, retrying, earliest) in sorted(totals.items())
             if queued or retrying
         ]
+
+    async def queue_members(self, states: frozenset[State]) -> list[str]:
+        """Digests of the queued and retrying deliveries among `states`, from the due
+        indexes of the routes each bucket's `qr` names: never a keyspace scan."""
+        indexes = [i for i, s in zip(QUEUE_INDEXES, QUEUE_STATES_ORDER, strict=True) if s in states]
+        if not indexes:
+            return []
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for tag in self._tags:
+                    pipe.hkeys(tag + "qr")
+                routes = await pipe.execute()
+            pending = [
+                (tag, text(r)) for tag, rs in zip(self._tags, routes, strict=True) for r in rs
+            ]
+            if not pending:
+                return []
+            async with self.client.pipeline(transaction=False) as pipe:
+                for tag, route in pending:
+                    for index in indexes:
+                        pipe.zrange(tag + index + route, 0, -1)
+                members = await pipe.execute()
+        except RedisError as exc:
+            raise StoreError(f"redis queue read failed: {exc}") from exc
+        return [text(m).partition("/")[0] for found in members for m in found]
 
     def _delivery_notice(self, data: bytes) -> None:
         """`!d <member> <due_ms> <now_ms> <origin>` or `!t <member>`, from the scripts."""
