@@ -8,10 +8,11 @@ import logging
 import os
 import sys
 from datetime import UTC, datetime
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from gateway import admin_client
 from gateway.config import Config, describe, load_config
+from gateway.config.summary import delivery_mode, retry_schedule
 from gateway.errors import ConfigError, ProblemError
 from gateway.logs import setup_logging
 
@@ -99,6 +100,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 1
     route = match.route
     print(f"route:       {route.name} (upstream {route.upstream})")
+    print(f"delivery:    {delivery_mode(route, config.server.max_deliveries)}")
+    if route.delivery.mode == "async":
+        print(f"retry:       {retry_schedule(route)}")
     if match.params:
         print(f"params:      {match.params}")
     headers: list[tuple[str, str]] = []
@@ -132,7 +136,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(f"scope:       {scope[:16]}... (hash of {', '.join(route.key.scope)})")
     fp = fingerprint(route.fingerprint, parts)
     print(f"fingerprint: {fp or 'none'}" + (f" (of {', '.join(route.fingerprint)})" if fp else ""))
-    print(f"record:      {record_digest(route.name, scope, key)}")
+    digest = record_digest(route.name, scope, key)
+    print(f"record:      {digest}")
+    if route.delivery.mode == "async":
+        status = f"{config.server.status_prefix}/status/{quote(route.name, safe='')}/{digest}"
+        print(f"status url:  {status}/<token> (the token is in the 202's Location)")
     return 0
 
 

@@ -36,7 +36,24 @@ def job_app() -> Starlette:
         )
         return JSONResponse({"status": "sent", "user_id": payload.get("user_id")})
 
-    return Starlette(routes=[Route("/jobs/send-reminder", send_reminder, methods=["POST"])])
+    async def send_invoices(request: Request) -> JSONResponse:
+        payload = await request.json()
+        key = payload.get("job_key", "")
+        await asyncio.sleep(3.0)  # longer than a caller would like to wait: async
+        sent[key] += 1
+        print(
+            f"[job endpoint] sending invoices for period {payload.get('period')} "
+            f"(job_key {key!r}, run #{sent[key]})",
+            flush=True,
+        )
+        return JSONResponse({"status": "sent", "period": payload.get("period")})
+
+    return Starlette(
+        routes=[
+            Route("/jobs/send-reminder", send_reminder, methods=["POST"]),
+            Route("/jobs/send-invoices", send_invoices, methods=["POST"]),
+        ]
+    )
 
 
 def demo_config(port: int, admin_port: int, job_port: int) -> dict[str, object]:
@@ -50,13 +67,21 @@ def demo_config(port: int, admin_port: int, job_port: int) -> dict[str, object]:
                 "match": {"methods": ["POST"], "path": "/jobs/send-reminder"},
                 "upstream": f"http://127.0.0.1:{job_port}",
                 "key": {"body": "job_key"},
-            }
+            },
+            {  # 202 at once; the gateway delivers it (the queue lives in this process)
+                "name": "send-invoices",
+                "match": {"methods": ["POST"], "path": "/jobs/send-invoices"},
+                "upstream": f"http://127.0.0.1:{job_port}",
+                "key": {"body": "job_key"},
+                "delivery": "async",
+            },
         ],
     }
 
 
 def instructions(port: int, admin_port: int) -> str:
     body = json.dumps({"job_key": "test-1", "user_id": 42})
+    invoices = json.dumps({"job_key": "invoices-2026-11", "period": "2026-11"})
     return f"""
 Idempotency Gateway demo: job endpoint behind the gateway, in-memory store.
 
@@ -70,6 +95,20 @@ Send the same job twice in parallel (the article's test):
 
 The endpoint runs once (see "run #1" below); both callers get the same body, and
 the second response carries `Idempotent-Replayed: true`. Send it again: replayed.
+
+A slow job on an async route: 202 at once, the gateway delivers it.
+
+  curl -s -i -X POST localhost:{port}/jobs/send-invoices \
+    -H 'content-type: application/json' -d '{invoices}'
+
+The answer is 202 with a status URL in `Location` (and the body's status_url); send
+the same job again and you get the same 202. Poll it:
+
+  curl -s localhost:{port}<the Location>
+
+It says queued, then in_flight, then completed with the job's response, about 3 s
+later; "run #1" below shows the endpoint ran once. (This demo's queue is in memory:
+a restart loses it. Use a Redis store for real work.)
 Metrics: curl -s localhost:{admin_port}/metrics | grep idempotency_gateway_
 Stop with Ctrl-C.
 """

@@ -138,11 +138,28 @@ async def test_demo_runs_the_job_once_for_two_parallel_callers() -> None:
             "true",
             None,
         }
+        # The async route, as instructions() shows it: 202 twice, one status URL, one run.
+        invoices = {"job_key": "invoices-2026-11", "period": "2026-11"}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            first = await client.post("/jobs/send-invoices", json=invoices)
+            again = await client.post("/jobs/send-invoices", json=invoices)
+            assert first.status_code == again.status_code == 202, first.text
+            location = first.headers["location"]
+            assert again.headers["location"] == location == first.json()["status_url"]
+            assert again.headers["idempotent-replayed"] == "true"
+            deadline = asyncio.get_running_loop().time() + 15
+            while (status := (await client.get(location)).json())["state"] != "completed":
+                assert status["state"] in ("queued", "in_flight"), status
+                assert asyncio.get_running_loop().time() < deadline, status
+                await asyncio.sleep(0.2)
+        assert status["attempts"] == 1
     finally:
         assert demo.stop() == 0
     output = demo.output()
     assert output.count("sending reminder to user 42") == 1, output
+    assert output.count("sending invoices for period 2026-11") == 1, output
     assert "for i in 1 2; do" in output
+    assert "/jobs/send-invoices" in output and "Location" in output
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -189,6 +206,40 @@ def test_check_config_bad_yaml_names_the_line(tmp_path: Path) -> None:
     assert "line" in result.stderr
 
 
+def test_explain_says_an_async_route_and_its_first_delays(tmp_path: Path) -> None:
+    route = {
+        "name": "send-invoices",
+        "match": {"methods": ["POST"], "path": "/jobs/send-invoices"},
+        "upstream": "http://127.0.0.1:9",
+        "key": {"body": "job_key"},
+        "delivery": {"mode": "async", "concurrency": 2, "max_queued": 50},
+    }
+    short = {**route, "name": "short", "match": {"path": "/short"}, "delivery": "async"}
+    short["retry"] = {"attempts": 3, "backoff": "1s", "max_backoff": "3s"}
+    config = tmp_path / "async.yaml"
+    config.write_text(yaml.safe_dump({"server": {"max_deliveries": 9}, "routes": [route, short]}))
+    body = '{"job_key": "inv-7"}'
+    result = cli("explain", "--config", str(config), "POST", "/jobs/send-invoices", "-d", body)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = dict(line.split(":", 1) for line in result.stdout.splitlines())
+    assert lines["delivery"].strip() == (
+        "async: 202 at once, delivered by every process (2 at a time each, 9 in all); "
+        "up to 50 queued"
+    )
+    assert lines["retry"].strip() == (
+        "8 attempts; before attempt 2: 0-2s, 3: 0-4s, 4: 0-8s, 5: 0-16s, 6: 0-32s, ... "
+        "at most 10m (full jitter; Retry-After wins); then parked"
+    )
+    digest = lines["record"].strip()
+    assert (
+        lines["status url"]
+        .strip()
+        .startswith(f"/_idempotency/status/send-invoices/{digest}/<token>")
+    )
+    result = cli("explain", "--config", str(config), "POST", "/short", "-d", body)
+    assert "retry:       3 attempts; before attempt 2: 0-1s, 3: 0-2s; at most 3s" in result.stdout
+
+
 def test_explain_shows_route_key_and_fingerprint() -> None:
     example = str(ROOT / "config.example.yaml")
     result = cli(
@@ -206,6 +257,8 @@ def test_explain_shows_route_key_and_fingerprint() -> None:
     assert "route:       send-reminder" in result.stdout
     assert "key:         reminder:user42:trial-day-3" in result.stdout
     assert "fingerprint: " in result.stdout and "record:" in result.stdout
+    assert "delivery:    sync: the caller waits" in result.stdout
+    assert "retry:" not in result.stdout and "status url:" not in result.stdout
     missing = cli("explain", "--config", example, "POST", "/jobs/send-reminder", "-d", "{}")
     assert missing.returncode == 1 and "400" in missing.stdout
     none = cli("explain", "--config", example, "GET", "/nowhere")

@@ -161,3 +161,30 @@ def _describe_source(source: KeySource) -> str:
     if source.kind == "hash":
         return "hash of " + ", ".join(source.parts)
     return "the period window alone"
+
+
+def retry_schedule(route: Route, shown: int = 5) -> str:
+    """The retry rule as the delays it allows: before attempt n, full jitter draws from
+    0 to min(max_backoff, backoff x 2^(n-2)) (delivery.next_delay), Retry-After aside."""
+    retry, fmt = route.retry, format_duration
+    if retry.attempts == 1:
+        return "1 attempt, no retry; then parked"
+    bounds = []
+    for n in range(2, min(retry.attempts, shown + 1) + 1):
+        ceiling = min(retry.max_backoff, retry.backoff * 2.0 ** (n - 2))
+        bounds.append(f"{n}: 0-{fmt(ceiling)}")
+    more = ", ..." if retry.attempts > shown + 1 else ";"
+    return (
+        f"{retry.attempts} attempts; before attempt {', '.join(bounds)}{more} at most "
+        f"{fmt(retry.max_backoff)} (full jitter; Retry-After wins); then parked"
+    )
+
+
+def delivery_mode(route: Route, max_deliveries: int) -> str:
+    dl = route.delivery
+    if dl.mode == "sync":
+        return "sync: the caller waits for the upstream's answer"
+    return (
+        f"async: 202 at once, delivered by every process ({dl.concurrency} at a time each, "
+        f"{max_deliveries} in all); up to {dl.max_queued} queued"
+    )
