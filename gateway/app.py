@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
+import secrets
+import socket
 from dataclasses import replace
 from typing import Any
 
@@ -18,7 +21,8 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.config import Config
 from gateway.cycle import CALLER_TRANSPORT, http_date, reset
-from gateway.engine import Engine, Reply
+from gateway.delivery import DeliveryWorker
+from gateway.engine import Engine
 from gateway.errors import (
     AmbiguousPath,
     GatewayError,
@@ -29,13 +33,15 @@ from gateway.errors import (
 )
 from gateway.forwarding import TrustedProxies
 from gateway.keys import RequestParts
-from gateway.logs import Trace, current_trace, log_access
+from gateway.logs import Trace, access_path, current_trace, log_access
 from gateway.metrics import Metrics
 from gateway.outbound import Origin
 from gateway.reconcile import Reconciler, stop_if_cancelled
 from gateway.request import read_body, read_headers, request_paths, splits_differently
 from gateway.response import BodyStream, ResponseBudget
 from gateway.routes import Router
+from gateway.settlement import Reply
+from gateway.status import status_reply
 from gateway.store import open_store
 from gateway.store.base import Store
 from gateway.upstream import Upstream
@@ -74,8 +80,14 @@ class Gateway:
         self.metrics.watch_buffered(lambda: budget.held)
         self.reconciler = Reconciler(config, self.store, self.upstream, self.metrics)
         self.engine.reconciler = self.reconciler
+        # Unique per Gateway, so replicas (and in-process gateways) hand off to each other.
+        replica = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+        self.engine.replica = replica
+        self.delivery = DeliveryWorker(config, self.store, self.engine, replica)
+        self.engine.queue_depth = self.delivery.depth
         self.sweep = sweep
         self._sweeper: asyncio.Task[None] | None = None
+        self._deliverer: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self.started = False
 
@@ -85,6 +97,7 @@ class Gateway:
         if self.sweep:
             self._sweeper = asyncio.create_task(self.reconciler.run(), name="sweep")
         self._watcher = asyncio.create_task(self._watch_store(), name="store-reset-watch")
+        self._deliverer = asyncio.create_task(self.delivery.run(), name="delivery")
         self.started = True
 
     async def _watch_store(self) -> None:
@@ -115,9 +128,10 @@ class Gateway:
 
     async def close(self) -> None:
         self.started = False
+        self.delivery.stop_picking()
         # Forwards still out are settled (marked unresolved) while the store is open.
         await self.engine.drain(0)
-        for task in (self._sweeper, self._watcher):
+        for task in (self._deliverer, self._sweeper, self._watcher):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -133,13 +147,19 @@ class Gateway:
             ("store", self.config.store, config.store),
             ("server.listen", self.config.server.listen, config.server.listen),
             ("admin.listen", self.config.admin.listen, config.admin.listen),
+            # 202s handed out name the prefix their callers will poll
+            ("server.status_prefix", self.config.server.status_prefix, config.server.status_prefix),
         ):
             if old != new:
                 kept.append(f"{name} changed: restart the gateway to apply it")
         config = replace(
             config,
             store=self.config.store,
-            server=replace(config.server, listen=self.config.server.listen),
+            server=replace(
+                config.server,
+                listen=self.config.server.listen,
+                status_prefix=self.config.server.status_prefix,
+            ),
             admin=replace(config.admin, listen=self.config.admin.listen),
         )
         self.config = config
@@ -148,6 +168,7 @@ class Gateway:
         self.engine.config = config
         self.engine.budget.limit = config.server.max_buffered_responses
         self.reconciler.configure(config)
+        self.delivery.configure(config)
         return kept
 
     async def refresh_key_metrics(self) -> None:
@@ -185,10 +206,16 @@ class ProxyApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway = self.gateway
         route_name: str | None = None
-        trace = Trace(scope["method"], scope["path"])
+        prefix = gateway.config.server.status_prefix
+        trace = Trace(scope["method"], access_path(scope["path"], prefix))
         current_trace.set(trace)
         try:
             raw_path, path = request_paths(scope)
+            if path.startswith(prefix + "/"):  # the gateway's own, whatever the routes say
+                status, raw, payload = await status_reply(gateway, scope, raw_path, trace)
+                await _send(send, status, raw, payload)
+                log_access(trace, status)
+                return
             match = gateway.router.match(scope["method"], path)
             if match is not None:
                 route_name = trace.route = match.route.name

@@ -20,9 +20,10 @@ complete (headers only, body_omitted), release for a status not cached, unresolv
 when it is cut off. The caller going away does not change that: the body is read to
 its end for the key.
 
-Beside it, without decisions of their own: replay.py (what a stored response keeps
-and a replay carries), refusals.py (the problems' words) and outbound.py (the request
-the upstream gets, and its metrics).
+On an async route (delivery: async) `_accept` queues the request and answers 202;
+`deliver` makes one attempt later, through the same classifier: settlement.py holds
+how each path settles (`SyncSettlement`, `DeliverySettlement`), delivery.py the worker.
+Beside it: replay.py, refusals.py (the problems' words) and outbound.py.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Awaitable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import Config, Route
+from gateway.delivery import Delivery
 from gateway.errors import (
     MissingKey,
     NotSent,
@@ -49,22 +51,32 @@ from gateway.errors import (
 from gateway.keys import RequestParts, extract_key, fingerprint, record_digest, scope_value
 from gateway.logs import current_trace
 from gateway.metrics import Metrics
-from gateway.outbound import Origin, forward
-from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredResponse
+from gateway.outbound import Origin, Outbound, forward, outbound, send
+from gateway.records import OPEN_STATES, QUEUE_STATES, KeyRef, Record, State, StoredResponse
 from gateway.refusals import (
     fingerprint_mismatch,
     in_flight_conflict,
     missing_key_detail,
     open_conflict,
+    queue_full,
     unreadable,
     upstream_status,
 )
 from gateway.replay import replay_headers, to_store
 from gateway.routes import RouteMatch
+from gateway.settlement import (
+    Reply,
+    Settlement,
+    SyncSettlement,
+    accepted_reply,
+    attempt,
+    settle_change,
+    stored_request,
+)
 
 if TYPE_CHECKING:
     from gateway.reconcile import Reconciler
-from gateway.response import BodyStream, ResponseBudget, UpstreamResponse
+from gateway.response import ResponseBudget, UpstreamResponse
 from gateway.store.base import EXPIRED_POLICY, Store
 from gateway.upstream import Upstream
 
@@ -72,19 +84,6 @@ log = logging.getLogger("gateway.engine")
 
 #: A shared read that failed: each sharer asks the store itself.
 _RETRY = object()
-
-
-@dataclass(slots=True)  # not frozen, for the same reason as UpstreamResponse
-class Reply:
-    status: int
-    headers: tuple[tuple[str, str], ...]
-    body: bytes
-    #: bytes of `body` counted in the engine's response budget until they are written
-    held: int = 0
-    #: the body as it arrives, when it was too large to hold (`body` is then empty)
-    rest: BodyStream | None = None
-    #: for a key's streamed body: the task that settles the key once the body ends
-    settling: asyncio.Task[None] | None = None
 
 
 @dataclass(slots=True)
@@ -110,6 +109,9 @@ class Engine:
         )
         self._reading: dict[str, asyncio.Future[Record | object | None]] = {}
         self.reconciler: Reconciler | None = None  # set by the Gateway
+        #: queued + retrying deliveries of a route, for delivery.max_queued (the worker's)
+        self.queue_depth: Callable[[str], int] = lambda route: 0
+        self.replica = ""  # this process, as deliveries name it (set by the Gateway)
         # The lease outlives the upstream deadline plus the store writes after it
         # (each may retry once), so a live gateway always settles its own keys.
         store_cfg = config.store
@@ -129,7 +131,7 @@ class Engine:
             )
             await asyncio.wait(pending)
 
-    def _count(self, route: Route, outcome: str) -> None:
+    def count(self, route: Route, outcome: str) -> None:
         self.metrics.count(route.name, outcome)
         trace = current_trace.get()
         if trace is not None:
@@ -141,14 +143,14 @@ class Engine:
     async def handle(self, match: RouteMatch, parts: RequestParts, origin: Origin) -> Reply:
         route = match.route
         if route.key is None:
-            self._count(route, "passthrough")
+            self.count(route, "passthrough")
             return await self._passthrough(route, parts, origin, None)
         key = extract_key(route.key, parts, datetime.now(UTC))
         if key is None:
             if route.key.on_missing == "reject":
-                self._count(route, "missing_key")
+                self.count(route, "missing_key")
                 raise MissingKey(missing_key_detail(route), route=route.name)
-            self._count(route, "missing_key_forwarded")
+            self.count(route, "missing_key_forwarded")
             return await self._passthrough(route, parts, origin, None)
         trace = current_trace.get()
         if trace is not None:
@@ -156,14 +158,16 @@ class Engine:
         ref = KeyRef(record_digest(route.name, scope_value(route.key, parts), key), route.name, key)
         fp = fingerprint(route.fingerprint, parts)
         try:
+            if route.delivery.mode == "async":
+                return await self._accept(route, ref, fp, parts, origin)
             return await self._keyed(route, ref, fp, parts, origin)
         except StoreError as exc:
             if route.on_store_error == "fail_open":
                 log.warning("store failed, forwarding %s without dedupe: %s", route.name, exc)
-                self._count(route, "store_bypassed")
+                self.count(route, "store_bypassed")
                 return await self._passthrough(route, parts, origin, key)
             log.error("store failed on route %s: %s", route.name, exc)
-            self._count(route, "store_error")
+            self.count(route, "store_error")
             raise StoreUnavailable(
                 "The gateway cannot record this key right now, so it did not forward the "
                 "request. Retry later.",
@@ -212,6 +216,8 @@ class Engine:
                     return self._replay(route, record.response, "waited" if waited else "replayed")
                 if record.unreadable:
                     raise self._unreadable(route, ref, record)
+                if record.state in QUEUE_STATES:  # a reload made its route sync
+                    raise self._conflict(route, ref, str(record.state))
                 if record.state in OPEN_STATES:
                     if record.state is State.UNRESOLVED and self.reconciler is not None:
                         after = await self.reconciler.check(route, record, min_interval=0)
@@ -227,6 +233,46 @@ class Engine:
                     self._check_fingerprint(route, ref, completed_fp, fp)
                     return self._replay(route, response, "waited")
         return await self._first(route, ref, run_id, fp, parts, origin)
+
+    async def _accept(
+        self, route: Route, ref: KeyRef, fp: str, parts: RequestParts, origin: Origin
+    ) -> Reply:
+        """An async route: queue the request (one store round trip) and answer 202 with
+        its status URL; a repeat gets the same 202 with the current state."""
+        run_id, token = secrets.token_hex(8), secrets.token_urlsafe(16)
+        accepted = await self.store.accept(
+            ref,
+            run_id,
+            fp,
+            stored_request(route, parts, origin),
+            token,
+            admit=self.queue_depth(route.name) < route.delivery.max_queued,
+            origin=self.replica,
+            expired=EXPIRED_POLICY[route.on_unknown_outcome],
+        )
+        record, replayed = accepted.record, True
+        if accepted.outcome == "full":
+            self.count(route, "queue_full")
+            raise queue_full(route, ref)
+        if record is None or (record.run_id == run_id and record.state is State.QUEUED):
+            record, replayed = None, False  # ours: queued now (or by our retried command)
+        elif not record.delivery:  # a reload made its route async: answer as sync would
+            return await self._keyed(route, ref, fp, parts, origin)
+        else:
+            self._check_fingerprint(route, ref, record.fingerprint, fp)
+            if not record.token:
+                why = record.unreadable or "its status URL's token cannot be decrypted"
+                raise self._unreadable(route, ref, replace(record, unreadable=why))
+            token = record.token
+        self.count(route, "replayed" if replayed else "accepted")
+        state = str(record.state) if record is not None else "queued"
+        prefix = self.config.server.status_prefix
+        return accepted_reply(prefix, route, ref, state, token, replayed=replayed)
+
+    async def deliver(self, route: Route, hint: KeyRef, replica: str) -> Delivery:
+        """One delivery attempt: pick (the claim), forward, classify (the classifier
+        above, through a DeliverySettlement), settle."""
+        return await attempt(self, route, hint, replica)
 
     def _wait_budget(self, route: Route, ref: KeyRef, give_up: float) -> float:
         """Seconds a duplicate may still wait for the first request, or the 409 it
@@ -271,9 +317,11 @@ class Engine:
             trace.run_id = run_id
         done: asyncio.Future[StoredResponse | None] = asyncio.get_running_loop().create_future()
         self._local[ref.digest] = _LocalRun(fp, done)
-        task = asyncio.create_task(
-            self._forward_and_settle(route, ref, run_id, parts, origin, done)
+        out, settle = (
+            outbound(route, parts, origin, ref.key),
+            SyncSettlement(self, route, ref, run_id),
         )
+        task = asyncio.create_task(self._forward_and_settle(route, ref, out, done, settle))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         try:
@@ -295,16 +343,18 @@ class Engine:
         self,
         route: Route,
         ref: KeyRef,
-        run_id: str,
-        parts: RequestParts,
-        origin: Origin,
+        out: Outbound,
         done: asyncio.Future[StoredResponse | None],
+        settle: Settlement,
     ) -> Reply:
+        """The one classifier, for a caller's forward and a delivery's attempt alike:
+        what the upstream did decides the key, through `settle`."""
         stored: StoredResponse | None = None
         streamed = False
         try:
             try:
-                response = await self._forward(route, parts, origin, ref.key, settles=True)
+                metrics = self.metrics.for_route(route.name)
+                response = await send(self.upstream, self.budget, metrics, route, out, True)
             except asyncio.CancelledError:
                 # Only drain() cancels a forward: the gateway is shutting down with
                 # this request still out. Its outcome is unknown; say so now rather
@@ -313,11 +363,10 @@ class Engine:
                 if task is not None:
                     task.uncancel()  # we handle it; later awaits must not see it
                 reason = "the gateway shut down before the upstream answered"
-                await self._unknown(route, ref, run_id, reason)
+                await settle.lost(reason)
                 raise OutcomeUnknown(reason, route=route.name, key=ref.key) from None
             except NotSent as exc:
-                await self._release(route, ref, run_id, f"not sent: {exc.reason}")
-                self._count(route, "upstream_error")
+                await settle.retry(f"not sent: {exc.reason}")
                 raise UpstreamFailed(
                     f"{exc.reason}. The key was released, so a retry runs the job.",
                     route=route.name,
@@ -326,7 +375,7 @@ class Engine:
             except OutcomeLost as exc:
                 # Even a status line alone says the request arrived: its work ran, or
                 # runs still. The key stays open, whatever that status was.
-                await self._unknown(route, ref, run_id, exc.reason)
+                await settle.lost(exc.reason)
                 raise OutcomeUnknown(
                     f"{exc.reason}. The upstream may have done the work; the gateway will "
                     "not resend it blind.",
@@ -336,15 +385,13 @@ class Engine:
                 ) from exc
             if response.rest is not None:
                 # The caller gets the body as it arrives; its end decides the key.
-                settling = asyncio.create_task(
-                    self._settle_stream(route, ref, run_id, response, done)
-                )
+                settling = asyncio.create_task(self._settle_stream(response, done, settle))
                 self.tasks.add(settling)
                 settling.add_done_callback(self.tasks.discard)
                 streamed = True
                 return Reply(response.status, response.headers, b"", 0, response.rest, settling)
             try:
-                stored = await self._conclude(route, ref, run_id, response)
+                stored = await self._conclude(route, response, settle)
             except BaseException:
                 self.budget.release(response.held)  # drain() cancelled it: nobody writes it
                 raise
@@ -357,11 +404,9 @@ class Engine:
 
     async def _settle_stream(
         self,
-        route: Route,
-        ref: KeyRef,
-        run_id: str,
         response: UpstreamResponse,
         done: asyncio.Future[StoredResponse | None],
+        settle: Settlement,
     ) -> None:
         """Decide the key when a streamed body ends, as _forward_and_settle does when
         a body read whole ends. Its caller may be gone by then: the body is read to
@@ -382,79 +427,49 @@ class Engine:
                 # The caller's response is cut short too (never completed): the work ran.
                 reason = exc.reason
             else:
-                stored = await self._conclude(route, ref, run_id, response)
+                stored = await self._conclude(settle.route, response, settle)
                 return
-            await self._unknown(route, ref, run_id, reason)
+            await settle.lost(reason)
         finally:
-            self._local.pop(ref.digest, None)
+            self._local.pop(settle.ref.digest, None)
             if not done.done():
                 done.set_result(stored)
 
     async def _conclude(
-        self, route: Route, ref: KeyRef, run_id: str, response: UpstreamResponse
+        self, route: Route, response: UpstreamResponse, settle: Settlement
     ) -> StoredResponse | None:
-        """The answer arrived whole: complete the key with it, or release the key for a
+        """The answer arrived whole: complete the key with it, or let it run again for a
         status the route does not cache. The stored response, if any."""
         if response.status not in route.cache_statuses:
-            await self._release(route, ref, run_id, f"upstream answered {response.status}")
-            self._count(route, "upstream_error")
+            await settle.retry(f"upstream answered {response.status}", response)
             return None
         stored = to_store(route, response)
-        await self._settle(
-            self.store.complete(ref, run_id, stored, route.response_ttl), ref, "complete"
-        )
-        self._count(route, "forwarded")
+        await settle.complete(stored, response)
         return stored
 
-    async def _release(self, route: Route, ref: KeyRef, run_id: str, reason: str) -> None:
-        await self._settle(
-            self.store.release(ref, run_id, route.response_ttl, reason), ref, "release"
-        )
+    async def release(self, route: Route, ref: KeyRef, run_id: str, reason: str) -> None:
+        change = self.store.release(ref, run_id, route.response_ttl, reason)
+        await settle_change(change, ref, "release")
 
-    async def _unknown(self, route: Route, ref: KeyRef, run_id: str, reason: str) -> None:
+    async def unknown(self, route: Route, ref: KeyRef, run_id: str, reason: str) -> None:
         """The request may have run: keep the key open per route policy, never free."""
-        self._count(route, "unknown_outcome")
+        self.count(route, "unknown_outcome")
         log.warning("outcome unknown on %s key %r: %s", route.name, ref.key, reason)
         if route.on_unknown_outcome == "release":
-            await self._release(route, ref, run_id, f"{reason}; route policy: release")
+            await self.release(route, ref, run_id, f"{reason}; route policy: release")
             return
         park = route.on_unknown_outcome == "park"
-        await self._settle(
-            self.store.mark_unresolved(ref, run_id, reason, park=park), ref, "unresolved"
-        )
-
-    async def _settle(self, change: Awaitable[bool], ref: KeyRef, what: str) -> None:
-        """Record the outcome. If the store fails now, the record stays in flight and
-        its lease turns it unresolved later: a conservative state, never a lost one."""
-        try:
-            ok = await change
-        except StoreError as exc:
-            log.error(
-                "could not %s key %r (%s); its lease will expire into review", what, ref.key, exc
-            )
-            return
-        if not ok:
-            log.warning("could not %s key %r: another run or an operator holds it", what, ref.key)
-
-    async def _forward(
-        self,
-        route: Route,
-        parts: RequestParts,
-        origin: Origin,
-        key: str | None,
-        *,
-        settles: bool = False,
-    ) -> UpstreamResponse:
-        metrics = self.metrics.for_route(route.name)
-        return await forward(
-            self.upstream, self.budget, metrics, route, parts, origin, key, settles
-        )
+        change = self.store.mark_unresolved(ref, run_id, reason, park=park)
+        await settle_change(change, ref, "unresolved")
 
     async def _passthrough(
         self, route: Route, parts: RequestParts, origin: Origin, key: str | None
     ) -> Reply:
+        metrics = self.metrics.for_route(route.name)
         try:
-            response = await self._forward(route, parts, origin, key)
+            response = await forward(
+                self.upstream, self.budget, metrics, route, parts, origin, key, False
+            )
         except NotSent as exc:
             raise UpstreamFailed(exc.reason, route=route.name) from exc
         except OutcomeLost as exc:
@@ -462,33 +477,24 @@ class Engine:
         return Reply(response.status, response.headers, response.body, response.held, response.rest)
 
     def _replay(self, route: Route, stored: StoredResponse, outcome: str) -> Reply:
-        self._count(route, outcome)
+        self.count(route, outcome)
         return Reply(stored.status, replay_headers(stored), stored.body)
 
     def _check_fingerprint(self, route: Route, ref: KeyRef, stored: str, fp: str) -> None:
         if stored != fp:
-            self._count(route, "mismatch")
+            self.count(route, "mismatch")
             raise fingerprint_mismatch(route, ref)
 
     def _conflict(
         self, route: Route, ref: KeyRef, state: str, *, waited: bool = False
     ) -> ProblemError:
-        self._count(route, "conflict")
+        self.count(route, "conflict")
         return in_flight_conflict(route, ref, state, waited=waited)
 
     def _unreadable(self, route: Route, ref: KeyRef, record: Record) -> ProblemError:
-        """The work ran and its response is stored, but this gateway cannot read it:
-        neither replay something else nor run it again; leave the record as it is."""
-        self._count(route, "unreadable")
-        log.error(
-            "stored response of route %s record %s cannot be decrypted: %s. Not replayed, "
-            "not run again; the record is kept",
-            route.name,
-            ref.digest,
-            record.unreadable,
-        )
+        self.count(route, "unreadable")
         return unreadable(route, ref, record)
 
     def _open_conflict(self, route: Route, ref: KeyRef, record: Record) -> ProblemError:
-        self._count(route, "conflict")
+        self.count(route, "conflict")
         return open_conflict(route, ref, record)

@@ -14,6 +14,8 @@
         │   └── AmbiguousPath  400: an encoded slash or a backslash on a keyed route
         ├── MissingKey         400: the route needs a key and the request has none
         ├── NoRoute            404: no route matches
+        ├── UnknownStatus      404: a status URL that names no delivery (whatever is wrong)
+        ├── MethodNotAllowed   405: the gateway's own paths take GET and HEAD only
         ├── RequestTimeout     408: the head or body did not arrive in time (the listener)
         ├── PayloadTooLarge    413
         ├── UriTooLong         414: the request target is over server.max_header_bytes
@@ -24,6 +26,7 @@
         ├── ResponseUnreadable 500: the stored response cannot be decrypted; kept as is
         ├── UpstreamFailed     502: the upstream could not be reached (never sent)
         ├── StoreUnavailable   503: the store is down and the route fails closed
+        ├── QueueFull          503: an async route has delivery.max_queued waiting
         ├── TooManyConnections 503: over server.max_connections; nothing was read
         ├── OutcomeUnknown     504: the request was sent and its answer lost (timeout,
         │                          reset, cut off): the work may have run
@@ -203,6 +206,18 @@ class NoRoute(ProblemError):
     title = "No route matches this request"
 
 
+class UnknownStatus(ProblemError):
+    status = 404
+    slug = "unknown-status"
+    title = "No delivery has this status URL"
+
+
+class MethodNotAllowed(ProblemError):
+    status = 405
+    slug = "method-not-allowed"
+    title = "The gateway's status URLs take GET and HEAD only"
+
+
 class RequestTimeout(ProblemError):
     status = 408
     slug = "request-timeout"
@@ -260,6 +275,12 @@ class StoreUnavailable(ProblemError):
     status = 503
     slug = "store-unavailable"
     title = "The idempotency store is unavailable; retry later"
+
+
+class QueueFull(ProblemError):
+    status = 503
+    slug = "queue-full"
+    title = "The route's delivery queue is full; retry later"
 
 
 class TooManyConnections(ProblemError):

@@ -2,7 +2,8 @@
 
 The access line says what the gateway did: route, key (a hash of it where the route
 says keys are sensitive), outcome, run id, upstream status, duration. Never bodies,
-tokens, Authorization headers or store passwords: nothing here reads them.
+tokens, Authorization headers or store passwords: nothing here reads them, and a
+status URL's token is cut from the path (`access_path`).
 
 The engine fills the request's `Trace` through a context variable, so the forward
 task (which copies the context) writes to the same trace as the request. Access lines
@@ -16,6 +17,7 @@ import atexit
 import hashlib
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -38,6 +40,22 @@ class Trace:
 
 
 current_trace: ContextVar[Trace | None] = ContextVar("current_trace", default=None)
+
+_DIGEST = re.compile(r"[0-9a-f]{32}")
+
+
+def access_path(path: str, status_prefix: str) -> str:
+    """`path` as the access log shows it. A status URL shows its route and digest, and
+    `***` for its token; any other path holding `{prefix}/` is `***` past it, so a token
+    sent in the wrong place, or behind dot-segments, is not logged either."""
+    at = path.find(status_prefix + "/")
+    if at < 0:
+        return path
+    head = path[: at + len(status_prefix) + 1]
+    parts = path[len(head) :].split("/")
+    if len(parts) >= 3 and parts[0] == "status" and _DIGEST.fullmatch(parts[2]):
+        return f"{head}status/{parts[1]}/{parts[2]}/***"
+    return head + "***"
 
 
 class AccessWriter:

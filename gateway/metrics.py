@@ -30,6 +30,8 @@ OUTCOMES = (
     "unknown_outcome",  # sent, answer lost: 504, the key is unresolved
     "store_error",  # 503: the store failed and the route fails closed
     "store_bypassed",  # the store failed and the route fails open
+    "accepted",  # 202: queued for delivery on a delivery: async route
+    "queue_full",  # 503: the async route has delivery.max_queued waiting
 )
 
 

@@ -30,6 +30,34 @@ class Origin:
     proxies: TrustedProxies = NO_PROXIES  # server.trusted_proxies
 
 
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """What the upstream gets: built from the caller's request (`outbound`), or from a
+    delivery's stored request, the same way."""
+
+    method: str
+    url: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+def outbound(route: Route, parts: RequestParts, origin: Origin, key: str | None) -> Outbound:
+    headers = forwarded_headers(parts.headers, origin.client, origin.scheme, origin.proxies)
+    url = route.upstream + parts.path + ("?" + parts.query if parts.query else "")
+    return Outbound(parts.method, url, with_key(route, headers, key), parts.body)
+
+
+def with_key(
+    route: Route, headers: list[tuple[str, str]], key: str | None
+) -> list[tuple[str, str]]:
+    """The headers with the route's key header set to `key` (none if it has none)."""
+    if key is not None and route.forward_key_header:
+        name = route.forward_key_header.lower()
+        headers = [(n, v) for n, v in headers if n != name]
+        headers.append((route.forward_key_header, _header_safe(key)))
+    return headers
+
+
 async def forward(
     upstream: Upstream,
     budget: ResponseBudget,
@@ -42,21 +70,27 @@ async def forward(
 ) -> UpstreamResponse:
     """`settles`: the body's end decides a key, so it is read to its end even if
     the caller goes away."""
-    headers = forwarded_headers(parts.headers, origin.client, origin.scheme, origin.proxies)
-    if key is not None and route.forward_key_header:
-        name = route.forward_key_header.lower()
-        headers = [(n, v) for n, v in headers if n != name]
-        headers.append((route.forward_key_header, _header_safe(key)))
-    url = route.upstream + parts.path + ("?" + parts.query if parts.query else "")
+    out = outbound(route, parts, origin, key)
+    return await send(upstream, budget, metrics, route, out, settles)
+
+
+async def send(
+    upstream: Upstream,
+    budget: ResponseBudget,
+    metrics: RouteMetrics,
+    route: Route,
+    out: Outbound,
+    settles: bool,
+) -> UpstreamResponse:
     metrics.in_flight.inc()
     started = time.perf_counter()
     response: UpstreamResponse | None = None
     try:
         response = await upstream.forward(
-            parts.method,
-            url,
-            headers,
-            parts.body,
+            out.method,
+            out.url,
+            out.headers,
+            out.body,
             route.upstream_timeout,
             route.max_response_body,
             budget,  # budget, whole_up_to, read_to_end (positional: per request)

@@ -25,6 +25,7 @@ from urllib.parse import quote
 
 from gateway.config import Config, Route
 from gateway.config.templates import fill_placeholders
+from gateway.delivery import plan
 from gateway.errors import StoreError, UpstreamError
 from gateway.metrics import Metrics
 from gateway.records import KeyRef, Record, State, StoredResponse
@@ -86,8 +87,17 @@ class Reconciler:
         response = (
             reconciled_response(record, answer.get("status", 0)) if result == "done" else None
         )
+        # A delivery the upstream says did not run goes again per its retry plan.
+        retry_in = plan(route, record.attempts, None) if record.delivery else None
         after = await self.store.end_check(
-            ref, record.run_id, result, answer, response, route.response_ttl, rc.park_after
+            ref,
+            record.run_id,
+            result,
+            answer,
+            response,
+            route.response_ttl,
+            rc.park_after,
+            retry_in,
         )
         log.info(
             "reconcile %s key %r: %s -> %s", route.name, record.key, result, after or "unchanged"

@@ -6,6 +6,7 @@ caller is told: which problem, its detail, and when to retry.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from gateway.config import Route
@@ -15,9 +16,12 @@ from gateway.errors import (
     OutcomeLost,
     OutcomePending,
     ProblemError,
+    QueueFull,
     ResponseUnreadable,
 )
 from gateway.records import KeyRef, Record, State
+
+log = logging.getLogger("gateway.engine")
 
 
 def missing_key_detail(route: Route) -> str:
@@ -72,6 +76,15 @@ def open_conflict(route: Route, ref: KeyRef, record: Record) -> ProblemError:
 
 
 def unreadable(route: Route, ref: KeyRef, record: Record) -> ProblemError:
+    """The work ran and its response is stored, but this gateway cannot read it:
+    neither replay something else nor run it again; leave the record as it is."""
+    log.error(
+        "stored response of route %s record %s cannot be decrypted: %s. Not replayed, "
+        "not run again; the record is kept",
+        route.name,
+        ref.digest,
+        record.unreadable,
+    )
     return ResponseUnreadable(
         f"The request with this key ran and its response is stored, but {record.unreadable}. "
         "It was not run again and the record is kept. If its key was rotated out too "
@@ -86,3 +99,13 @@ def unreadable(route: Route, ref: KeyRef, record: Record) -> ProblemError:
 def upstream_status(exc: OutcomeLost) -> dict[str, Any]:
     """The status the upstream sent before its answer was lost, for the problem body."""
     return {} if exc.status is None else {"upstream_status": exc.status}
+
+
+def queue_full(route: Route, ref: KeyRef) -> ProblemError:
+    return QueueFull(
+        f"Route {route.name!r} has {route.delivery.max_queued} deliveries waiting, its "
+        "delivery.max_queued; this one was not accepted. Retry later.",
+        route=route.name,
+        key=ref.key,
+        headers={"Retry-After": "30"},
+    )

@@ -146,6 +146,8 @@ async def serve(
     for task in servers:
         if task in done and task.exception() is not None:
             log.error("a listener failed: %s", task.exception())
+    # Deliveries first: no new pick; attempts under way are engine tasks, drained below.
+    gateway.delivery.stop_picking()
     log.info("shutting down: no new requests, %d forward(s) under way", len(gateway.engine.tasks))
     proxy.should_exit = True
     await gateway.engine.drain(grace)

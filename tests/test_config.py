@@ -913,3 +913,96 @@ def test_mask_url() -> None:
     assert mask_url("redis://host?password=pw&db=1") == "redis://host?password=***&db=1"
     assert mask_url("memory://") == "memory://"
     assert mask_url("redis://user@host") == "redis://user@host"
+
+
+# -- delivery: async ----------------------------------------------------------------------
+
+KEYED = {"key": {"header": "Idempotency-Key"}}
+
+
+def test_async_delivery_shorthand_mapping_and_defaults() -> None:
+    (short,) = parse({"routes": [route(delivery="async", **KEYED)]}).routes
+    assert short.delivery.mode == "async"
+    assert (short.delivery.concurrency, short.delivery.max_queued) == (4, 10_000)
+    assert (short.retry.attempts, short.retry.backoff, short.retry.max_backoff) == (8, 2.0, 600.0)
+    given = {"mode": "async", "concurrency": 2, "max_queued": 50, "drop_headers": ["Cookie"]}
+    retry = {"attempts": 3, "backoff": "500ms", "max_backoff": "5s"}
+    (full,) = parse({"routes": [route(delivery=given, retry=retry, **KEYED)]}).routes
+    assert (full.delivery.concurrency, full.delivery.max_queued) == (2, 50)
+    assert full.delivery.drop_headers == frozenset({"cookie"})
+    assert (full.retry.attempts, full.retry.backoff, full.retry.max_backoff) == (3, 0.5, 5.0)
+    (sync,) = parse({"routes": [route(**KEYED)]}).routes
+    assert sync.delivery.mode == "sync"
+    config = parse({"routes": [route(**KEYED)], "server": {"max_deliveries": 0}})
+    assert config.server.max_deliveries == 0
+
+
+def test_async_route_refusals_name_the_fix() -> None:
+    assert route_error(delivery="async") == {
+        "routes[0].delivery": "delivery: async needs a key, so repeats are deduplicated; "
+        "add e.g. key: {header: Idempotency-Key}"
+    }
+    found = route_error(
+        delivery="async",
+        key={"header": "Idempotency-Key", "on_missing": "forward"},
+        on_store_error="fail_open",
+        on_unknown_outcome="release",
+    )
+    assert "use on_missing: reject" in found["routes[0].key.on_missing"]
+    assert "use fail_closed" in found["routes[0].on_store_error"]
+    release = found["routes[0].on_unknown_outcome"]
+    assert "got 202 and will not retry" in release
+    assert "never retried blind" in release
+    assert release.endswith("use reconcile (with a reconcile: block) or park")
+
+
+def test_retry_and_delivery_settings_need_async() -> None:
+    assert route_error(retry={"attempts": 3}, **KEYED) == {
+        "routes[0].retry": "retry applies to delivery: async routes; set delivery: async "
+        "or remove it"
+    }
+    assert route_error(delivery={"concurrency": 2}, **KEYED) == {
+        "routes[0].delivery.concurrency": "concurrency is set but delivery is sync; add mode: async"
+    }
+    # Inherited from defaults, retry is the async routes' and ignored on a sync one.
+    data = {"defaults": {"retry": {"attempts": 2}}, "routes": [route(**KEYED)]}
+    assert parse(data).routes[0].delivery.mode == "sync"
+
+
+def test_bad_delivery_and_retry_values() -> None:
+    assert route_error(delivery="asyn", **KEYED) == {
+        "routes[0].delivery.mode": '"asyn" is not one of sync, async; did you mean "async"?'
+    }
+    found = route_error(delivery={"mode": "async", "concurency": 2}, **KEYED)
+    assert found == {
+        "routes[0].delivery.concurency": 'unknown setting; did you mean "concurrency"?'
+    }
+    found = route_error(delivery="async", retry={"backoff": "5s", "max_backoff": "1s"}, **KEYED)
+    assert found == {
+        "routes[0].retry.max_backoff": "max_backoff 1s is shorter than backoff 5s; make it at "
+        "least 5s"
+    }
+    found = route_error(delivery="async", retry={"attempts": 0}, **KEYED)
+    assert "not a whole number from 1 to 1000" in found["routes[0].retry.attempts"]
+    found = errors({"routes": [route(**KEYED)], "server": {"max_deliveries": -1}})
+    assert "from 0 to 10000" in found["server.max_deliveries"]
+
+
+def test_async_route_error_has_file_position(tmp_path: Path) -> None:
+    path = tmp_path / "async.yaml"
+    path.write_text(
+        "routes:\n  - name: a\n    match: {path: /a}\n    upstream: http://127.0.0.1:5000\n"
+        "    delivery: async\n    key: {header: K}\n    on_unknown_outcome: release\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(f"{path}:7:25: routes[0].on_unknown_outcome: release")
+
+
+def test_describe_async_route() -> None:
+    data = {"routes": [route(delivery={"mode": "async", "drop_headers": ["Cookie"]}, **KEYED)]}
+    text = describe(parse(data))
+    assert "async: 202 at once; 4 at a time per process; up to 10000 queued" in text
+    assert "never stored: cookie" in text
+    assert "8 attempts; backoff 2s doubling, full jitter, at most 10m" in text
+    assert "64 deliveries at once" in text

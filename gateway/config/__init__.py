@@ -16,6 +16,7 @@ gateway.keys use too), `sections` (how a YAML mapping becomes settings), `issues
 """
 
 from gateway.config.addresses import mask_url
+from gateway.config.delivery import DeliveryConfig, DeliveryMode, RetryConfig
 from gateway.config.http import DEFAULT_CACHE_STATUSES, REQUEST_PARTS, IPNetwork
 from gateway.config.keys import (
     HASH_KEY_LENGTH,
@@ -45,6 +46,8 @@ __all__ = [
     "AdminConfig",
     "ConcurrentPolicy",
     "Config",
+    "DeliveryConfig",
+    "DeliveryMode",
     "IPNetwork",
     "KeySource",
     "KeySourceKind",
@@ -52,6 +55,7 @@ __all__ = [
     "MissingKeyPolicy",
     "Period",
     "ReconcileConfig",
+    "RetryConfig",
     "Route",
     "ServerConfig",
     "StoreConfig",

@@ -18,12 +18,19 @@ from pydantic_core import ArgsKwargs
 from gateway.config.addresses import ListenAddress, listen_clash, parse_listen
 from gateway.config.http import Networks
 from gateway.config.issues import Loc, Problems, at_name, message_of
-from gateway.config.routes import Route, route_defaults, routes_list, with_defaults
+from gateway.config.routes import (
+    Route,
+    check_status_prefix,
+    route_defaults,
+    routes_list,
+    with_defaults,
+)
 from gateway.config.sections import INHERITED, Section, is_instance, settings
 from gateway.config.store import StoreConfig
 from gateway.config.text import kind, show, unknown_setting
 from gateway.config.types import (
     AdminToken,
+    Check,
     Duration,
     Flag,
     GraceDuration,
@@ -31,9 +38,39 @@ from gateway.config.types import (
     OneOf,
     Size,
     Whole,
+    text,
 )
 
 SECTIONS = ("server", "admin", "store", "defaults", "routes")
+
+
+def _status_prefix(value: object) -> str:
+    prefix = text(value)
+    example = "write e.g. /_idempotency"
+    if not prefix.startswith("/"):
+        raise ValueError(f"{show(prefix)} must start with /; {example}")
+    if prefix.endswith("/"):
+        raise ValueError(f"{show(prefix)} must not end with /; {example}")
+    if "{" in prefix or "}" in prefix:
+        raise ValueError(f"{show(prefix)} is a fixed path, not a pattern; {example}")
+    if any(c in prefix for c in "?#%\\") or any(c.isspace() for c in prefix):
+        raise ValueError(f"{show(prefix)} must be a plain path, no ? # % \\ or spaces; {example}")
+    if any(segment in ("", ".", "..") for segment in prefix[1:].split("/")):
+        raise ValueError(f"{show(prefix)} must not hold empty, . or .. segments; {example}")
+    return prefix
+
+
+StatusPrefix = Annotated[
+    str,
+    Check(
+        _status_prefix,
+        {
+            "type": "string",
+            "pattern": "^(/[^/{}?#%\\\\\\s]+)+$",
+            "description": "e.g. /_idempotency",
+        },
+    ),
+]
 
 
 @settings
@@ -41,6 +78,9 @@ class ServerConfig(Section):
     example = "server: {...}"
 
     listen: ListenAddress = "127.0.0.1:8080"
+    #: the gateway's own paths on the proxy port (a 202's status URL lives under it);
+    #: no route may match under it
+    status_prefix: StatusPrefix = "/_idempotency"
     shutdown_grace: GraceDuration = 30.0
     max_header_bytes: Size = 16 * 1024
     access_log: Flag = True
@@ -64,13 +104,18 @@ class ServerConfig(Section):
     upstream_keep_alive: Duration = 1.0
     #: response bytes the process holds in memory at once, over all requests
     max_buffered_responses: Size = 256 * 1024 * 1024
+    #: delivery attempts under way at once in this process, over all async routes
+    #: (each route also has its delivery.concurrency); 0: accept only, never deliver
+    max_deliveries: Annotated[int, Whole(0, 10_000)] = 64
 
     @classmethod
     def report_order(cls) -> tuple[str, ...]:
         return (
             "listen", "shutdown_grace", "max_header_bytes", "header_timeout", "body_timeout",
+            "status_prefix",
             "write_timeout", "keep_alive", "upstream_keep_alive", "max_connections",
-            "max_buffered_responses", "trusted_proxies", "access_log", "log_format",
+            "max_buffered_responses", "max_deliveries", "trusted_proxies", "access_log",
+            "log_format",
         )  # fmt: skip
 
 
@@ -142,6 +187,8 @@ def _read(data: dict[Any, Any], handler: Callable[[Any], Any]) -> Config:
         _take(problems, per_route.get(i, []))
         problems.merge(duplicates.get(i, Problems()))
     _check_unused_reconcile(routes, set(per_route), inherit, defaults, problems)
+    if not problems.has(("server", "status_prefix")):
+        check_status_prefix(routes, _status_prefix_of(data), set(per_route), problems)
     problems.raise_if_any()
     assert config is not None
     return config
@@ -160,6 +207,12 @@ def _listen_text(section: object, default: str) -> str | None:
     except (ValueError, TypeError, AttributeError):
         return None
     return value if isinstance(value, str) else None
+
+
+def _status_prefix_of(data: dict[Any, Any]) -> str:
+    server = data.get("server")
+    given = server.get("status_prefix") if isinstance(server, dict) else None
+    return given if isinstance(given, str) else ServerConfig().status_prefix
 
 
 def _check_listeners(data: dict[Any, Any], problems: Problems) -> None:

@@ -11,7 +11,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any, ClassVar
 
+from pydantic import BeforeValidator
+
 from gateway.config.addresses import RECONCILE_EXAMPLE, ReconcileUrl, UpstreamUrl
+from gateway.config.delivery import (
+    DEFAULT_RETRY,
+    SYNC,
+    DeliveryConfig,
+    RetryConfig,
+    check_async,
+    delivery_shorthand,
+)
 from gateway.config.http import (
     DEFAULT_CACHE_STATUSES,
     REQUEST_PARTS,
@@ -109,6 +119,8 @@ class Route(Section):
     on_store_error: Annotated[StoreErrorPolicy, OneOf()] = "fail_closed"
     strip_headers: HeaderNames = frozenset()  # lower-case names never stored
     sensitive_keys: Flag = False  # logs show a hash of the key, not the key
+    delivery: Annotated[DeliveryConfig, BeforeValidator(delivery_shorthand)] = SYNC
+    retry: RetryConfig = DEFAULT_RETRY  # delivery: async routes only
 
     @classmethod
     def yaml_names(cls) -> tuple[str, ...]:
@@ -150,6 +162,7 @@ class Route(Section):
         inherited: frozenset[str],
         problems: Problems,
     ) -> dict[str, Any]:
+        check_async(values, given, inherited, problems)
         pattern = values.get("path")
         if pattern is not None and given.get("key") is not None:
             _check_path_params(pattern, given["key"], problems)
@@ -251,3 +264,21 @@ def routes_list(value: object) -> object:
     if not isinstance(value, list | tuple):
         raise ValueError(f"expected a list, got {kind(value)}; write e.g. {ROUTES_EXAMPLE}")
     return value
+
+
+def check_status_prefix(routes: object, prefix: str, failed: set[int], problems: Problems) -> None:
+    """A route that can only match under `{prefix}/` would never be reached: the gateway
+    answers those paths itself (its status URLs)."""
+    own = prefix[1:].split("/")
+    for i, raw in enumerate(routes if isinstance(routes, list) else ()):
+        match = raw.get("match") if isinstance(raw, dict) else None
+        path = match.get("path") if isinstance(match, dict) else None
+        if i in failed or not isinstance(path, str):
+            continue
+        segments = path[1:].split("/")
+        if len(segments) > len(own) and segments[: len(own)] == own:
+            problems.add(
+                ("routes", i, "match", "path"),
+                f"{show(path)} is under server.status_prefix {show(prefix)}, which the gateway "
+                "answers itself; move the route, or set another status_prefix",
+            )

@@ -36,7 +36,7 @@ def describe(config: Config) -> str:
         f"{format_duration(server.write_timeout)}; keep-alive {format_duration(server.keep_alive)}"
         f"; {server.max_connections} connections; upstream keep-alive "
         f"{format_duration(server.upstream_keep_alive)}; buffered responses up to "
-        f"{format_size(server.max_buffered_responses)}",
+        f"{format_size(server.max_buffered_responses)}; {server.max_deliveries} deliveries at once",
         "trusted proxies: "
         + (", ".join(str(n) for n in server.trusted_proxies) or "none (X-Forwarded-* replaced)"),
         f"admin: listen {admin.listen}; {api}",
@@ -113,6 +113,23 @@ def _describe_route(route: Route) -> list[str]:
                 f"{rec.method} {mask_url(rec.url)}; done {format_statuses(rec.done)}; not done "
                 f"{format_statuses(rec.not_done)}; timeout {fmt(rec.timeout)}; every "
                 f"{fmt(rec.every)}; park after {fmt(rec.park_after)}",
+            )
+        )
+    if route.delivery.mode == "async":
+        dl, retry = route.delivery, route.retry
+        rows.append(
+            (
+                "delivery",
+                f"async: 202 at once; {dl.concurrency} at a time per process; up to "
+                f"{dl.max_queued} queued; never stored: "
+                + (", ".join(sorted(dl.drop_headers)) or "none"),
+            )
+        )
+        rows.append(
+            (
+                "retry",
+                f"{retry.attempts} attempts; backoff {fmt(retry.backoff)} doubling, full "
+                f"jitter, at most {fmt(retry.max_backoff)} (Retry-After wins); then parked",
             )
         )
     rows += [

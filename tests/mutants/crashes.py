@@ -87,9 +87,9 @@ MUTANTS = [
     Mutant(
         name="shutdown-releases-in-flight",
         path="gateway/engine.py",
-        old="                await self._unknown(route, ref, run_id, reason)\n"
+        old="                await settle.lost(reason)\n"
         "                raise OutcomeUnknown(reason, route=route.name, key=ref.key) from None\n",
-        new="                await self._release(route, ref, run_id, reason)\n"
+        new="                await settle.retry(reason)\n"
         "                raise OutcomeUnknown(reason, route=route.name, key=ref.key) from None\n",
         tests=(f"{CRASHES}::test_sigterm_past_grace_marks_in_flight_unresolved",),
         breaks="a SIGTERM past the grace frees the keys of forwards still out: their "

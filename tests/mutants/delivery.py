@@ -109,3 +109,59 @@ MUTANTS += [
         breaks="a dead gateway's delivery is dropped when its lease runs out: accepted work lost",
     ),
 ]
+
+D = "tests/test_delivery.py::"
+
+MUTANTS += [
+    Mutant(
+        name="unknown-outcome-retried",
+        path="gateway/settlement.py",
+        old="""    async def lost(self, reason: str) -> None:
+        await self.engine.unknown(self.route, self.ref, self.run_id, reason)
+        self.result = "unknown_outcome"
+""",
+        new="""    async def lost(self, reason: str) -> None:
+        await self.retry(reason)
+""",
+        tests=(
+            D + "test_unknown_outcome_follows_policy[memory-park]",
+            D + "test_unknown_outcome_follows_policy[memory-reconcile-done]",
+        ),
+        breaks="a delivery whose outcome is unknown is resent blind: the job may run twice",
+    ),
+    Mutant(
+        name="backoff-without-jitter",
+        path="gateway/delivery.py",
+        old="    return rand(0, ceiling)\n",
+        new="    return ceiling\n",
+        tests=(D + "test_next_delay_full_jitter_and_cap",),
+        breaks="every delivery that failed together retries together: a thundering herd",
+    ),
+    Mutant(
+        name="retry-after-ignored",
+        path="gateway/delivery.py",
+        old="    if retry_after is not None:\n        return min(retry_after, retry.max_backoff)\n",
+        new="",
+        tests=(
+            D + "test_next_delay_full_jitter_and_cap",
+            D + "test_retry_after_sets_the_next_attempt[memory]",
+        ),
+        breaks="an upstream that asked for time (Retry-After) is hit again at once",
+    ),
+    Mutant(
+        name="sigterm-keeps-picking",
+        path="gateway/delivery.py",
+        old="        self.picking = False\n",
+        new="        pass\n",
+        tests=(D + "test_stop_picking_then_drain_leaves_nothing_lost[memory]",),
+        breaks="a gateway shutting down starts new deliveries it will cut off at the grace",
+    ),
+    Mutant(
+        name="drop-headers-stored",
+        path="gateway/settlement.py",
+        old="if n.lower() not in drop)",
+        new="if True)",
+        tests=(D + "test_stored_request_drops_headers_and_the_key[memory]",),
+        breaks="headers the route says must never be stored (credentials) are kept with the job",
+    ),
+]

@@ -188,8 +188,8 @@ MUTANTS = [
     Mutant(
         name="lost-answer-released",
         path="gateway/engine.py",
-        old="                await self._unknown(route, ref, run_id, exc.reason)\n",
-        new="                await self._release(route, ref, run_id, exc.reason)\n",
+        old="                await settle.lost(exc.reason)\n",
+        new="                await settle.retry(exc.reason)\n",
         tests=(f"{FAULTS}::test_broken_answer_is_never_resent[reset-POST]",),
         breaks="a key whose answer was lost is freed, so the repeat resends it blind",
     ),

@@ -9,6 +9,9 @@ the gateway forwards, else the body's `job_key`), and behaves as the request ask
     ?cookie=1         set a cookie
     ?gzip=1           answer with a gzip-encoded body
     ?hold=1           hold the request (counted, not finished) until POST /_release
+    ?fail_first=3     the key's first 3 runs answer ?fail_status (503), with a
+                      Retry-After of ?retry_after seconds if given
+    ?sleep_runs=1     only the key's first run sleeps ?sleep
 
 GET /_count?key=K         how often K ran (?of=status: how often its status was asked;
                           ?of=sent: how many of its responses were sent in full)
@@ -64,13 +67,18 @@ async def job(request: Request) -> Response:
     run = counts[key]
     q = request.query_params
     try:
-        if "sleep" in q:
+        if "sleep" in q and run <= int(q.get("sleep_runs", run)):
             await asyncio.sleep(float(q["sleep"]))
         if "hold" in q:
             await holds.setdefault(key, asyncio.Event()).wait()
     finally:
         finished[key] += 1  # the work is done even if the caller is gone
     status = int(q.get("status", "200"))
+    if run <= int(q.get("fail_first", 0)):
+        status = int(q.get("fail_status", "503"))
+        answers.setdefault(key, Counter())[status] += 1
+        extra = {"retry-after": q["retry_after"]} if "retry_after" in q else {}
+        return JSONResponse({"key": key, "run": run, "failed": True}, status, headers=extra)
     answers.setdefault(key, Counter())[status] += 1
     if "gzip" in q:
         data = gzip.compress(json.dumps({"key": key, "run": run}).encode())

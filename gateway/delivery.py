@@ -1,0 +1,336 @@
+"""The delivery worker: who picks which accepted (202) request when, and how many at
+once. Deciding stays in the engine (`Engine.deliver`: pick, forward, classify,
+settle); this is mechanics.
+
+- One `Lane` per async route: a heap of hints (`Due`) ordered by when each is ready
+  in this process's loop clock, woken by the store's `DueFeed` notices and by its own
+  timer for the head's due time. No polling loop: the rescan (`due_candidates`) runs
+  at start, when the store says notices may have been lost (`due.lost()`), and as a
+  slow backstop every `BACKSTOP` seconds.
+- Limits: `delivery.concurrency` attempts per route, and `server.max_deliveries` in
+  all, per process; always taken in that order. `max_deliveries: 0`: no lanes, the
+  process accepts only.
+- The replica that accepted or scheduled a delivery tries it at once; the others wait
+  `HANDOFF` first, and drop the hint when told it was taken.
+- `stop_picking()` (SIGTERM): no new picks; attempts under way are the engine's tasks,
+  which `Engine.drain` gives the grace and then marks unresolved.
+- The admission depth (`depth`, for `delivery.max_queued`) is read from
+  `queue_stats` every `QUEUE_WATCH` seconds, so it is at most that old.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import heapq
+import itertools
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING
+
+from gateway.config import Config, RetryConfig, Route
+from gateway.errors import StoreError
+from gateway.store.notices import Due
+
+if TYPE_CHECKING:
+    from gateway.engine import Engine
+    from gateway.store.base import Store
+
+log = logging.getLogger("gateway.delivery")
+
+HANDOFF = 0.2  # s: other replicas wait this long for the one that queued an item
+QUEUE_WATCH = 1.0  # s: how old the admission depth may be
+BACKSTOP = 20.0  # s: the rescan when no notice was lost, in case one was anyway
+STORE_BACKOFF = (0.1, 2.0)  # s: after a StoreError, doubling
+
+
+def next_delay(
+    retry: RetryConfig,
+    attempts: int,
+    retry_after: float | None,
+    rand: Callable[[float, float], float] = random.uniform,
+) -> float:
+    """Seconds before the next attempt, after `attempts` attempts: the upstream's
+    Retry-After if it sent one (capped by max_backoff: it named the time, jitter would
+    only delay it), else full jitter: uniform(0, min(max_backoff, backoff * 2 ** (n-1)))."""
+    if retry_after is not None:
+        return min(retry_after, retry.max_backoff)
+    ceiling = min(retry.max_backoff, retry.backoff * 2.0 ** min(max(attempts - 1, 0), 60))
+    return rand(0, ceiling)
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """delta-seconds or an HTTP-date, as seconds from `now` (>= 0); None if absent or bad."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+def plan(route: Route, attempts: int, retry_after: float | None) -> float | None:
+    """The next attempt's delay after `attempts` attempts, or None when they are all
+    used (the delivery is parked)."""
+    if attempts >= route.retry.attempts:
+        return None
+    return next_delay(route.retry, attempts, retry_after)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What one `Engine.deliver` did: `result` "completed", "retry_scheduled",
+    "unknown_outcome", "exhausted", or "" when nothing was picked (`why` says why);
+    `next` and, for "not_due", `due_ms` (store clock, said at `now_ms`) are hints."""
+
+    result: str
+    why: str = ""
+    next: Due | None = None
+    due_ms: int = 0
+    now_ms: int = 0
+
+
+def _free(*slots: asyncio.Semaphore | asyncio.Task[None]) -> None:
+    for slot in slots:
+        if isinstance(slot, asyncio.Semaphore):
+            slot.release()
+
+
+class Lane:
+    """One async route's hints, in this process."""
+
+    def __init__(self, route: Route) -> None:
+        self.route = route
+        self.heap: list[tuple[float, int, Due]] = []
+        self.live: dict[str, int] = {}  # digest -> seq of its entry (others are stale)
+        self.wake = asyncio.Event()
+        self.slots = asyncio.Semaphore(route.delivery.concurrency)
+        self.task: asyncio.Task[None] | None = None
+
+    def push(self, ready_at: float, seq: int, due: Due) -> None:
+        heapq.heappush(self.heap, (ready_at, seq, due))
+        self.live[due.ref.digest] = seq
+        self.wake.set()
+
+    def drop(self, digest: str) -> None:
+        self.live.pop(digest, None)
+
+    def head(self) -> tuple[float, Due] | None:
+        while self.heap:
+            ready_at, seq, due = self.heap[0]
+            if self.live.get(due.ref.digest) == seq:
+                return ready_at, due
+            heapq.heappop(self.heap)
+        return None
+
+    def pop(self) -> Due:
+        _, _, due = heapq.heappop(self.heap)
+        self.live.pop(due.ref.digest, None)
+        return due
+
+
+class DeliveryWorker:
+    """Delivers the async routes' accepted requests, in every process that runs one."""
+
+    def __init__(self, config: Config, store: Store, engine: Engine, replica: str) -> None:
+        self.store, self.engine, self.replica = store, engine, replica
+        self.picking = True
+        self.lanes: dict[str, Lane] = {}
+        self.depths: dict[str, int] = {}
+        self._seq = itertools.count()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._rescan = asyncio.Event()
+        self._pending: set[str] = set()  # routes with queued work, as of the last watch
+        self._unlisten: Callable[[], None] | None = None
+        self.configure(config)
+
+    # -- configuration -----------------------------------------------------------
+
+    def configure(self, config: Config) -> None:
+        """Lanes for the async routes of `config` (added, kept, removed), and limits."""
+        self.config = config
+        limit = config.server.max_deliveries
+        if getattr(self, "_limit", None) != limit:
+            self._limit = limit
+            self.slots = asyncio.Semaphore(max(limit, 1))
+        wanted = {r.name: r for r in config.routes if r.delivery.mode == "async"}
+        if limit == 0:
+            wanted = {}
+        for name in list(self.lanes):
+            if name not in wanted:
+                lane = self.lanes.pop(name)
+                if lane.task is not None:
+                    lane.task.cancel()
+        for name, route in wanted.items():
+            found = self.lanes.get(name)
+            if found is None:
+                self.lanes[name] = found = Lane(route)
+                if self._unlisten is not None:
+                    self._start_lane(found)
+                    self._rescan.set()
+            elif found.route.delivery.concurrency != route.delivery.concurrency:
+                found.slots = asyncio.Semaphore(route.delivery.concurrency)
+            found.route = route
+
+    def depth(self, route: str) -> int:
+        """Queued + retrying deliveries of `route`, as of at most QUEUE_WATCH ago."""
+        return self.depths.get(route, 0)
+
+    # -- running -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The lanes and the queue watch, until cancelled (Gateway.close)."""
+        self._unlisten = self.store.due.listen(self._on_due, self._on_taken, self._rescan.set)
+        try:
+            for lane in self.lanes.values():
+                self._start_lane(lane)
+            self._rescan.set()  # at start: what was queued before this process
+            await asyncio.gather(self._watch(), self._rescans())
+        finally:
+            self._unlisten()
+            self._unlisten = None
+            tasks = [lane.task for lane in self.lanes.values() if lane.task is not None]
+            for task in [*tasks, *self._tasks]:  # attempts' forwards are drained already
+                task.cancel()
+            await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
+
+    def stop_picking(self) -> None:
+        """SIGTERM: no new pick from now on; queued items stay for the other replicas."""
+        self.picking = False
+        for lane in self.lanes.values():
+            lane.wake.set()
+
+    def _start_lane(self, lane: Lane) -> None:
+        lane.task = asyncio.create_task(self._lane(lane), name=f"delivery-{lane.route.name}")
+
+    def _hint(self, lane: Lane, due: Due) -> None:
+        wait = max(0, due.due_ms - due.now_ms) / 1000 if due.now_ms else 0.0
+        if due.origin and due.origin != self.replica:
+            wait += HANDOFF
+        lane.push(asyncio.get_running_loop().time() + wait, next(self._seq), due)
+
+    def _on_due(self, due: Due) -> None:
+        lane = self.lanes.get(due.ref.route)
+        if lane is not None:
+            self._hint(lane, due)
+
+    def _on_taken(self, digest: str) -> None:
+        for lane in self.lanes.values():
+            lane.drop(digest)
+
+    async def _lane(self, lane: Lane) -> None:
+        loop = asyncio.get_running_loop()
+        while self.picking:
+            route_slots, process_slots = lane.slots, self.slots
+            await route_slots.acquire()
+            try:
+                await process_slots.acquire()
+            except BaseException:
+                route_slots.release()
+                raise
+            try:
+                due = await self._ready(lane, loop)
+            except BaseException:
+                process_slots.release()
+                route_slots.release()
+                raise
+            if due is None:  # stopped picking
+                process_slots.release()
+                route_slots.release()
+                return
+            task = asyncio.create_task(self._attempt(lane, due))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(functools.partial(_free, process_slots, route_slots))
+
+    async def _ready(self, lane: Lane, loop: asyncio.AbstractEventLoop) -> Due | None:
+        """The next hint whose time has come, waiting on the notices and its timer."""
+        while self.picking:
+            lane.wake.clear()
+            head = lane.head()
+            now = loop.time()
+            if head is not None and head[0] <= now:
+                return lane.pop()
+            timeout = head[0] - now if head is not None else None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await lane.wake.wait()
+        return None
+
+    async def _attempt(self, lane: Lane, due: Due) -> None:
+        route = lane.route
+        failures = 0
+        while True:
+            try:
+                result = await self.engine.deliver(route, due.ref, self.replica)
+                break
+            except StoreError as exc:
+                failures += 1
+                pause = min(STORE_BACKOFF[1], STORE_BACKOFF[0] * 2 ** (failures - 1))
+                log.warning("delivery pick on %s failed (%s); again in %gs", route.name, exc, pause)
+                await asyncio.sleep(pause)
+                if not self.picking:
+                    return
+            except Exception:
+                log.exception("delivery on route %s failed", route.name)
+                return
+        if result.next is not None:
+            self._hint(lane, result.next)
+        if result.why == "not_due":
+            self._hint(lane, Due(due.ref, result.due_ms, result.now_ms))
+
+    async def _watch(self) -> None:
+        """The admission depths, every QUEUE_WATCH (jittered so replicas spread out)."""
+        while True:
+            if self.lanes or any(r.delivery.mode == "async" for r in self.config.routes):
+                try:
+                    stats = await self.store.queue_stats()
+                except StoreError:
+                    pass  # admission keeps the last depths; accept fails on its own
+                else:
+                    self.depths = {s.route: s.queued + s.retrying for s in stats}
+                    self._pending = {s.route for s in stats}
+            await asyncio.sleep(QUEUE_WATCH * random.uniform(0.8, 1.2))
+
+    async def _rescans(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(BACKSTOP * random.uniform(0.8, 1.2)):
+                    await self._rescan.wait()
+            self._rescan.clear()
+            for lane in list(self.lanes.values()):
+                limit = 2 * lane.route.delivery.concurrency
+                try:
+                    found, _ = await self.store.due_candidates(lane.route.name, limit)
+                except StoreError as exc:
+                    log.warning("delivery rescan of %s failed: %s", lane.route.name, exc)
+                    self._rescan.set()
+                    await asyncio.sleep(STORE_BACKOFF[1])
+                    break
+                for due in found:
+                    if due.ref.digest not in lane.live:
+                        self._hint(lane, due)
+            await self._park_orphans()
+
+    async def _park_orphans(self) -> None:
+        """Deliveries of a route no longer configured: nobody can deliver them, so a
+        person decides (as the sweep does with such a route's unresolved keys)."""
+        configured = {route.name for route in self.config.routes}
+        for name in sorted(self._pending - configured):
+            reason = f"route {name!r} is no longer configured"
+            try:
+                found, _ = await self.store.due_candidates(name, 100)
+                for due in found:
+                    await self.store.pick(name, due.ref, "orphan", 1.0, 0, self.replica, reason)
+            except StoreError as exc:
+                log.warning("parking deliveries of removed route %s failed: %s", name, exc)
