@@ -1,0 +1,46 @@
+"""Broken builds of delivery's operations side (issue 14, step 7): metrics, listing."""
+
+from tests.mutants import Mutant
+
+D = "tests/test_deploy.py::"
+A = "tests/test_admin.py::"
+S = "tests/test_store_contract.py::"
+
+MUTANTS = [
+    Mutant(
+        name="queue-depth-wrong-state",
+        path="gateway/metrics.py",
+        old='            self.queue_depth.labels(stat.route, "retrying").set(stat.retrying)\n',
+        new='            self.queue_depth.labels(stat.route, "retrying").set(stat.queued)\n',
+        tests=(D + "test_queue_gauges_keep_each_state_apart",),
+        breaks="the retrying gauge shows the queued count: a failing upstream looks like a slow one",
+    ),
+    Mutant(
+        name="exhausted-not-counted",
+        path="gateway/metrics.py",
+        old="        if result:\n            self.delivery_attempts",
+        new='        if result not in ("", "exhausted"):\n            self.delivery_attempts',
+        tests=(D + "test_delivery_metrics_count_each_attempt_once",),
+        breaks="deliveries parked with no attempt left are never counted: DeliveriesExhausted "
+        "never fires",
+    ),
+    Mutant(
+        name="redis-listing-misses-retrying",
+        path="gateway/store/redis_delivery.py",
+        old="QUEUE_STATES_ORDER = (State.QUEUED, State.RETRYING)",
+        new="QUEUE_STATES_ORDER = (State.QUEUED, State.QUEUED)",
+        tests=(
+            S + "test_open_records_lists_queued_and_retrying_from_the_due_indexes[redis]",
+            A + "test_deliveries_are_listed_by_their_states[redis]",
+        ),
+        breaks="keys list --state retrying shows nothing on Redis; queued lists retrying ones",
+    ),
+    Mutant(
+        name="memory-listing-ignores-state",
+        path="gateway/store/memory.py",
+        old="            if self._records[digest].state in states\n",
+        new="",
+        tests=(S + "test_open_records_lists_queued_and_retrying_from_the_due_indexes[memory]",),
+        breaks="every listing shows every waiting delivery, whatever state was asked for",
+    ),
+]
