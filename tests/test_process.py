@@ -238,6 +238,9 @@ def test_explain_says_an_async_route_and_its_first_delays(tmp_path: Path) -> Non
     )
     result = cli("explain", "--config", str(config), "POST", "/short", "-d", body)
     assert "retry:       3 attempts; before attempt 2: 0-1s, 3: 0-2s; at most 3s" in result.stdout
+    config.write_text(yaml.safe_dump({"server": {"max_deliveries": 0}, "routes": [short]}))
+    result = cli("explain", "--config", str(config), "POST", "/short", "-d", body)
+    assert "this process never delivers (server.max_deliveries: 0)" in result.stdout
 
 
 def test_explain_shows_route_key_and_fingerprint() -> None:

@@ -184,6 +184,11 @@ def delivery_mode(route: Route, max_deliveries: int) -> str:
     dl = route.delivery
     if dl.mode == "sync":
         return "sync: the caller waits for the upstream's answer"
+    if max_deliveries == 0:
+        return (
+            f"async: 202 at once; up to {dl.max_queued} queued; this process never "
+            "delivers (server.max_deliveries: 0): another replica must"
+        )
     return (
         f"async: 202 at once, delivered by every process ({dl.concurrency} at a time each, "
         f"{max_deliveries} in all); up to {dl.max_queued} queued"
