@@ -177,7 +177,7 @@ async def attempt(engine: Engine, route: Route, hint: KeyRef, replica: str) -> D
         result = "exhausted" if picked.why == "exhausted" else ""
         return Delivery(result, picked.why, picked.next, picked.due_ms, picked.now_ms)
     ref = KeyRef(record.digest, record.route, record.key)
-    if record.attempts == 1:
+    if record.attempts == 1 and not record.last_attempt:  # not one an operator requeued
         engine.metrics.first_attempt(route.name, picked.now_ms - record.created_ms)
     settle = DeliverySettlement(engine, route, ref, run_id, record.attempts, replica)
     try:

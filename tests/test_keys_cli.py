@@ -230,3 +230,10 @@ def test_retry_queues_a_parked_delivery_and_it_is_delivered_once(
     assert delivered["attempts"] == 1
     record = run_json(["keys", "--admin-url", admin.url, "show", DELIVERED, key, "--json"], capsys)
     assert [e["event"] for e in record["history"]].count("attempt") == 2  # one before, one after
+    # The histogram is acceptance to the first attempt: the requeued one's is not another.
+    metrics = httpx.get(admin.url + "/metrics", timeout=10).text
+    first = "idempotency_gateway_delivery_first_attempt_delay_seconds_count"
+    assert f'{first}{{route="{DELIVERED}"}} 1.0' in metrics, metrics
+    attempts = "idempotency_gateway_delivery_attempts_total"
+    assert f'{attempts}{{result="exhausted",route="{DELIVERED}"}} 1.0' in metrics
+    assert f'{attempts}{{result="completed",route="{DELIVERED}"}} 1.0' in metrics

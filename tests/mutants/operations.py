@@ -25,6 +25,16 @@ MUTANTS = [
         "never fires",
     ),
     Mutant(
+        name="first-attempt-after-requeue",
+        path="gateway/settlement.py",
+        old="    if record.attempts == 1 and not record.last_attempt:",
+        new="    if record.attempts == 1:",
+        tests=(
+            "tests/test_keys_cli.py::test_retry_queues_a_parked_delivery_and_it_is_delivered_once",
+        ),
+        breaks="an operator's requeue is observed as a first attempt hours after acceptance",
+    ),
+    Mutant(
         name="redis-listing-misses-retrying",
         path="gateway/store/redis_delivery.py",
         old="QUEUE_STATES_ORDER = (State.QUEUED, State.RETRYING)",
