@@ -182,7 +182,9 @@ class Gateway:
             return
         self.metrics.store_up.set(1)
         self.metrics.set_key_stats(stats, [r.name for r in self.config.routes])
-        asyncs = [r.name for r in self.config.routes if r.delivery.mode == "async"]
+        asyncs = {
+            r.name: r.delivery.max_queued for r in self.config.routes if r.delivery.mode == "async"
+        }
         self.metrics.set_queue_stats(queues, asyncs)
 
     async def __aenter__(self) -> Gateway:

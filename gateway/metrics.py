@@ -171,6 +171,14 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="mostrecent",
         )
+        self.queue_max = Gauge(
+            prefix + "queue_max",
+            "Each async route's delivery.max_queued: at queue_depth's sum (queued plus "
+            "retrying) new keys get 503 queue-full.",
+            ["route"],
+            registry=self.registry,
+            multiprocess_mode="mostrecent",
+        )
         self.queue_oldest_age = Gauge(
             prefix + "queue_oldest_age_seconds",
             "The longest a due delivery has waited for a worker (queued since accepted, "
@@ -210,13 +218,16 @@ class Metrics:
             self.keys.labels(stat.route, str(stat.state)).set(stat.count)
             self.oldest_key_age.labels(stat.route, str(stat.state)).set(stat.oldest_seconds)
 
-    def set_queue_stats(self, stats: list[QueueStat], routes: list[str]) -> None:
-        """Replace the queue gauges with a fresh read: every async route x state is
-        present at 0 when empty; a route no longer configured shows while it has work."""
+    def set_queue_stats(self, stats: list[QueueStat], routes: dict[str, int]) -> None:
+        """Replace the queue gauges with a fresh read: every async route (name: its
+        max_queued) x state is present at 0 when empty; a route no longer configured,
+        or made sync, shows while it has work."""
         if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
             self.queue_depth.clear()
             self.queue_oldest_age.clear()
-        for route in routes:
+            self.queue_max.clear()
+        for route, limit in routes.items():
+            self.queue_max.labels(route).set(limit)
             for state in QUEUE_STATES:
                 self.queue_depth.labels(route, state).set(0)
             self.queue_oldest_age.labels(route).set(0)

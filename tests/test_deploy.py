@@ -671,6 +671,7 @@ def test_delivery_metrics_count_each_attempt_once(live: Live) -> None:
     assert value(depth, route=route, state="queued") == 0
     assert value(depth, route=route, state="retrying") == 0
     assert value("idempotency_gateway_queue_oldest_age_seconds", route=route) == 0
+    assert value("idempotency_gateway_queue_max", route=route) == 10_000  # the default
     assert value("idempotency_gateway_keys", route=route, state="parked") == 1
     first = "idempotency_gateway_delivery_first_attempt_delay_seconds_count"
     assert value(first, route=route) == 2
@@ -688,7 +689,7 @@ def test_queue_gauges_keep_each_state_apart() -> None:
 
     metrics = Metrics()
     stats = [QueueStat("send-receipts", 3, 1, 42.5), QueueStat("gone", 0, 2, 7.0)]
-    metrics.set_queue_stats(stats, ["send-receipts", "idle"])
+    metrics.set_queue_stats(stats, {"send-receipts": 10, "idle": 5})
     sample = metrics.registry.get_sample_value
     depth = "idempotency_gateway_queue_depth"
     assert sample(depth, {"route": "send-receipts", "state": "queued"}) == 3
@@ -698,6 +699,7 @@ def test_queue_gauges_keep_each_state_apart() -> None:
     age = "idempotency_gateway_queue_oldest_age_seconds"
     assert sample(age, {"route": "send-receipts"}) == 42.5
     assert sample(age, {"route": "idle"}) == 0
-    metrics.set_queue_stats([], ["send-receipts"])  # drained: back to 0, "gone" dropped
+    assert sample("idempotency_gateway_queue_max", {"route": "idle"}) == 5
+    metrics.set_queue_stats([], {"send-receipts": 10})  # drained: back to 0, "gone" dropped
     assert sample(depth, {"route": "send-receipts", "state": "queued"}) == 0
     assert sample(depth, {"route": "gone", "state": "retrying"}) is None
