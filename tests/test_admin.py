@@ -150,7 +150,9 @@ async def admin_for(make_store: Callable[[], Store]) -> AsyncIterator[Callable[.
     opened: list[Admin] = []
 
     async def build(token: str = TOKEN, store: Store | None = None) -> Admin:
-        config = config_for(NOWHERE, ROUTES, admin={"token": token} if token else {})
+        # max_deliveries 0: deliveries seeded below stay in the state a test put them in.
+        server = {"max_deliveries": 0}
+        config = config_for(NOWHERE, ROUTES, admin={"token": token} if token else {}, server=server)
         gateway = Gateway(config, store=store or make_store(), sweep=False)
         await gateway.start()
         app = create_admin_app(gateway)
