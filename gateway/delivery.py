@@ -163,7 +163,13 @@ class DeliveryWorker:
         if getattr(self, "_limit", None) != limit:
             self._limit = limit
             self.slots = asyncio.Semaphore(max(limit, 1))
-        wanted = {r.name: r for r in config.routes if r.delivery.mode == "async"}
+        # A route a reload made sync keeps a lane while it has work it accepted as
+        # async: that work was answered 202 and is delivered, not left queued.
+        wanted = {
+            r.name: r
+            for r in config.routes
+            if r.delivery.mode == "async" or r.name in self._pending
+        }
         if limit == 0:
             wanted = {}
         for name in list(self.lanes):
@@ -290,17 +296,22 @@ class DeliveryWorker:
             self._hint(lane, Due(due.ref, result.due_ms, result.now_ms))
 
     async def _watch(self) -> None:
-        """The admission depths, every QUEUE_WATCH (jittered so replicas spread out)."""
+        """The admission depths, every QUEUE_WATCH (jittered so replicas spread out).
+        With no async route it still looks, every BACKSTOP: work accepted while a route
+        was async (before a reload or a restart made it sync) is delivered all the same."""
         while True:
-            if self.lanes or any(r.delivery.mode == "async" for r in self.config.routes):
-                try:
-                    stats = await self.store.queue_stats()
-                except StoreError:
-                    pass  # admission keeps the last depths; accept fails on its own
-                else:
-                    self.depths = {s.route: s.queued + s.retrying for s in stats}
-                    self._pending = {s.route for s in stats}
-            await asyncio.sleep(QUEUE_WATCH * random.uniform(0.8, 1.2))
+            busy = bool(self.lanes) or any(r.delivery.mode == "async" for r in self.config.routes)
+            try:
+                stats = await self.store.queue_stats()
+            except StoreError:
+                pass  # admission keeps the last depths; accept fails on its own
+            else:
+                self.depths = {s.route: s.queued + s.retrying for s in stats}
+                pending, self._pending = self._pending, {s.route for s in stats}
+                if self._pending - pending:
+                    self.configure(self.config)  # lanes for sync routes' leftovers
+                    self._rescan.set()
+            await asyncio.sleep((QUEUE_WATCH if busy else BACKSTOP) * random.uniform(0.8, 1.2))
 
     async def _rescans(self) -> None:
         while True:

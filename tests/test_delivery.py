@@ -403,3 +403,23 @@ async def test_storm_two_gateways_one_delivery_per_key(
             await c.http.aclose()
         for g in gateways:
             await g.close()
+
+
+async def test_work_accepted_before_a_reload_made_the_route_sync_is_delivered(
+    gateway_for: Build, upstream: Process
+) -> None:
+    """A 202 is a promise: a reload that makes the route sync keeps a lane for what it
+    accepted while async, until that is delivered; the sync repeat then replays it."""
+    gw = await gateway_for([async_route()], server={"max_deliveries": 0})
+    key = unique("resync")
+    assert (await send(gw, key)).status_code == 202
+    await asyncio.sleep(1.5)  # the queue watch sees the route's pending work
+    sync = {k: v for k, v in async_route().items() if k not in ("delivery", "retry")}
+    gw.gateway.reload(config_for(upstream.url, [sync]))
+    record = await wait_for_state(gw, key, State.COMPLETED)
+    assert record.attempts == 1
+    assert await upstream_count(upstream, key) == 1
+    again = await send(gw, key)
+    assert again.status_code == 200
+    assert again.headers["idempotent-replayed"] == "true"
+    assert await upstream_count(upstream, key) == 1

@@ -164,4 +164,12 @@ MUTANTS += [
         tests=(D + "test_stored_request_drops_headers_and_the_key[memory]",),
         breaks="headers the route says must never be stored (credentials) are kept with the job",
     ),
+    Mutant(
+        name="resync-strands-accepted-work",
+        path="gateway/delivery.py",
+        old='if r.delivery.mode == "async" or r.name in self._pending',
+        new='if r.delivery.mode == "async"',
+        tests=(D + "test_work_accepted_before_a_reload_made_the_route_sync_is_delivered[memory]",),
+        breaks="work answered 202 stays queued forever once a reload makes its route sync",
+    ),
 ]
