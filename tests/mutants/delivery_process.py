@@ -16,8 +16,7 @@ MUTANTS = [
             P + "test_redis_aof_restart_between_accept_and_delivery",
             P + "test_sigkill_before_pickup_other_replica_delivers",
         ),
-        breaks="a 202'd job is in no queue: once its notice is gone, no replica ever "
-        "delivers it",
+        breaks="a 202'd job is in no queue: once its notice is gone, no replica ever delivers it",
     ),
     Mutant(
         name="rescan-finds-nothing",
