@@ -68,9 +68,9 @@ class Site:
         self.prefix = unique("dp") + ":"
         if cluster is not None:
             nodes = [f"127.0.0.1:{node.port}" for node in cluster.nodes]
-            # On a Cluster, store calls beyond max_connections (64) fail at once
-            # (MaxConnectionsError: 503) instead of queueing for a connection, sync
-            # claims as much as accepts: the storm's 500 callers per process need more.
+            # Commands now wait for a connection on a Cluster too (_QueueingCluster), but
+            # pipelines (the queue watch's reads) do not: with all 64 busy, a pipeline
+            # and a command can still race for a node's last one (a rare 503). Reported.
             self.store: dict[str, Any] = {"cluster": {"nodes": nodes}, "max_connections": 1024}
             self.store_config = StoreConfig(
                 cluster_nodes=tuple(("127.0.0.1", n.port) for n in cluster.nodes),
