@@ -6,6 +6,7 @@ Every Redis here is a redis-server the test started (tests/support/servers.py)."
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -17,6 +18,8 @@ import pytest
 from gateway.admin import create_admin_app
 from gateway.app import Gateway
 from gateway.config import StoreConfig
+from gateway.keys import record_digest
+from gateway.records import KeyRef
 from gateway.store.base import StoreInfo
 from gateway.store.redis import RedisStore
 from tests.conftest import config_for, unique
@@ -213,3 +216,25 @@ async def test_sentinel_reports_the_master() -> None:
         setup.stop()
     assert info.maxmemory_policy == "allkeys-lfu"
     assert "sentinel master mymaster" in info.refusal(allow_eviction=False)
+
+
+@pytest.mark.cluster
+async def test_a_cluster_queues_calls_beyond_max_connections(redis_cluster: ClusterSetup) -> None:
+    """As on one Redis (a blocking pool), a burst larger than store.max_connections
+    waits for a connection; redis-py's cluster client would raise MaxConnectionsError,
+    a 503 for every request past the pool (found by test_delivery_process's storm)."""
+    nodes = tuple(("127.0.0.1", node.port) for node in redis_cluster.nodes)
+    config = StoreConfig(
+        cluster_nodes=nodes, prefix=unique("mc") + ":", max_connections=4, socket_timeout=2.0
+    )
+    store = RedisStore(config)
+    await store.start()
+    try:
+        refs = [KeyRef(record_digest("r", "", f"k{i}"), "r", f"k{i}") for i in range(200)]
+        results = await asyncio.gather(
+            *[store.claim(ref, f"run-{i}", "fp", 30) for i, ref in enumerate(refs)],
+            return_exceptions=True,
+        )
+        assert [r for r in results if isinstance(r, BaseException)] == []
+    finally:
+        await store.close()

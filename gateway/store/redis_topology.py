@@ -7,6 +7,7 @@ server in messages without its password.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -70,7 +71,7 @@ def client_for(config: StoreConfig) -> tuple[Any, dict[str, Any]]:
         master = sentinel.master_for(config.sentinel_master, max_connections=config.max_connections)
         return master, common
     if config.kind == "cluster":
-        cluster = RedisCluster(
+        cluster = _QueueingCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in config.cluster_nodes],
             max_connections=config.max_connections,
             ssl=config.tls is not None,
@@ -87,6 +88,21 @@ def client_for(config: StoreConfig) -> tuple[Any, dict[str, Any]]:
         **common,
     )
     return aioredis.Redis.from_pool(pool), common  # owns the pool: aclose() closes it
+
+
+class _QueueingCluster(RedisCluster):
+    """A cluster client whose commands wait for a connection, as the single-Redis pool's
+    do: redis-py's raises MaxConnectionsError once a node's `max_connections` are busy,
+    which a burst of requests turns into 503s. At most `max_connections` commands run
+    at once per process, so no node's pool is ever exhausted."""
+
+    def __init__(self, *, max_connections: int, **kwargs: Any) -> None:
+        super().__init__(max_connections=max_connections, **kwargs)
+        self._slots = asyncio.Semaphore(max_connections)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        async with self._slots:
+            return await super().execute_command(*args, **kwargs)
 
 
 def _ssl_context(tls: TLSConfig | None) -> ssl.SSLContext:

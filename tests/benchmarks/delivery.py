@@ -1,0 +1,332 @@
+"""What asynchronous delivery (issue 14) costs, side by side with the sync path, in one run.
+
+    .venv/bin/python tests/benchmarks/delivery.py [--duration 8] [--runs 3] [--quick]
+
+On loopback only, nothing pinned (the machine has 2 cores), with gateway.py's pieces
+(its redis-server, wrk script and MONITOR parsing): a trivial upstream (nginx `return
+200`, else the Python one), one gateway process, one Redis store, `wrk -t1 -c32`. One
+config has a sync route (`/v1/payments`) and an async one (`/v1/jobs`, `delivery:
+{mode: async, concurrency: 32}`), both `key: {header: Idempotency-Key}`, `fingerprint:
+none`. Each run, in this order:
+
+  same     replays on the sync route (one key), the accept-only gateway
+  unique   sync first requests (a new key per request), the same gateway
+  accept   new keys on the async route, the same gateway (`server.max_deliveries: 0`,
+           so nothing is delivered while it accepts): 202s per second
+  deliver  then a delivering gateway (`max_deliveries: 64`) is started on what
+           `accept` left queued: jobs per second from the first pick to depth 0
+
+The ratios are taken per run and the table shows their medians: accepted / replayed
+requests per second (issue 14's target >= 0.8) and delivered jobs / sync first requests
+per second (>= 0.8). They are not thresholds: nothing here fails on a figure.
+
+`--extras commands` (default): Redis round trips per accepted request, per delivery and
+per sync first request (MONITOR, EVALSHA by script name; the queue watch's reads and
+other background commands set aside), over `--commands-n` requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import _harness as h
+from loadgen import DEFAULT_BODY
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+SYNC_PATH = "/v1/payments"
+ASYNC_PATH = "/v1/jobs"
+ROUTE = "jobs"
+PREFIX = "idem:"
+#: What the queue watch reads each second (queue_stats) and the rescan
+#: (due_candidates), besides gateway.py's background commands: not per request.
+WATCH = frozenset({"HGETALL", "ZRANGE", "ZCARD", "TIME"})
+
+
+def _bench_gateway() -> ModuleType:
+    """gateway.py, loaded under another name (its own name is the package's)."""
+    spec = importlib.util.spec_from_file_location("bench_gateway", HERE / "gateway.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_gateway"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bg = _bench_gateway()
+
+
+@dataclass
+class Run:
+    rps: dict[str, float] = field(default_factory=dict)
+    cpu_us: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+    queued: int = 0
+
+
+@dataclass
+class Site:
+    args: argparse.Namespace
+    procs: h.Processes
+    redis: Any  # bench_gateway.RedisServer
+    work_dir: Path
+    wrk: str
+    upstream_port: int = 0
+    scripts: dict[str, str] = field(default_factory=dict)
+
+    def config(self, port: int, max_deliveries: int) -> Path:
+        text = f"""\
+server: {{listen: "{h.HOST}:{port}", shutdown_grace: 1s, max_deliveries: {max_deliveries}}}
+admin: {{listen: "{h.HOST}:{h.free_port()}"}}
+store: {{url: "{self.redis.url(0)}", prefix: "{PREFIX}"}}
+routes:
+  - name: sync
+    match: {{path: "{SYNC_PATH}"}}
+    upstream: http://{h.HOST}:{self.upstream_port}
+    key: {{header: Idempotency-Key}}
+    fingerprint: none
+  - name: {ROUTE}
+    match: {{path: "{ASYNC_PATH}"}}
+    upstream: http://{h.HOST}:{self.upstream_port}
+    key: {{header: Idempotency-Key}}
+    fingerprint: none
+    delivery: {{mode: async, concurrency: 32, max_queued: 10000000}}
+    on_unknown_outcome: park
+"""
+        path = self.work_dir / f"gateway-{port}.yaml"
+        path.write_text(text)
+        return path
+
+    @contextlib.contextmanager
+    def gateway(self, tag: str, max_deliveries: int) -> Iterator[tuple[int, Any]]:
+        port = h.free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "gateway",
+            "run",
+            "--config",
+            str(self.config(port, max_deliveries)),
+        ]
+        argv += ["--log-level", "WARNING"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+        env.pop("PYTHONPATH", None)
+        proc = self.procs.start(tag, argv, env=env, cwd=REPO)
+        try:
+            h.wait_ready(self.procs, proc, port, SYNC_PATH, DEFAULT_BODY)
+            yield port, proc
+        finally:
+            self.procs.stop(proc)
+
+    def wrk_run(self, port: int, path: str, mode: str, duration: float, tag: str) -> dict[str, Any]:
+        script = self.work_dir / f"{path.strip('/').replace('/', '-')}.lua"
+        if not script.exists():
+            body = DEFAULT_BODY.decode()
+            script.write_text(
+                bg.WRK_LUA.format(path=path, body=body, response=bg.WRK_COUNT_REPLAYS)
+            )
+        args = (tag, mode, "1")
+        return h.run_wrk(self.wrk, None, self.args.connections, duration, script, port, path, args)
+
+    def depth(self) -> int:
+        client = self.redis.clients[0]
+        pipe = client.pipeline(transaction=False)
+        for b in range(64):
+            pipe.hget(f"{PREFIX}{{{b:02x}}}:qr", ROUTE)
+        return sum(int(v or 0) for v in pipe.execute())
+
+
+def measure(site: Site, run: int) -> Run:
+    out = Run()
+    d = site.args.duration
+    site.redis.clients[0].flushdb()
+    with site.gateway(f"accepting-{run}", 0) as (port, proc):
+        pids = h.group_pids(proc.pid)
+        for name, path, mode in (
+            ("same", SYNC_PATH, "same"),
+            ("unique", SYNC_PATH, "unique"),
+            ("accept", ASYNC_PATH, "unique"),
+        ):
+            tag = f"r{run}{name}{os.urandom(2).hex()}"
+            if site.args.warmup > 0:
+                site.wrk_run(port, path, mode, site.args.warmup, tag + "w")
+            if name == "accept":
+                site.redis.clients[0].flushdb()  # only this run's 202s are queued
+            cpu = h.cpu_seconds(pids)
+            data = site.wrk_run(port, path, mode, d, tag)
+            n = int(data["requests"])
+            out.rps[name] = n / (data["duration_us"] / 1e6)
+            out.cpu_us[name] = (h.cpu_seconds(pids) - cpu) * 1e6 / max(n, 1)
+            out.errors[name] = sum(
+                int(data[k]) for k in ("connect", "read", "write", "status", "timeout")
+            )
+    out.queued = site.depth()
+    with site.gateway(f"delivering-{run}", 64) as (port, proc):
+        pids = h.group_pids(proc.pid)
+        cpu = h.cpu_seconds(pids)
+        deadline = time.monotonic() + 600
+        while (depth := site.depth()) >= out.queued and time.monotonic() < deadline:
+            time.sleep(0.005)
+        first, first_depth, cpu = time.monotonic(), depth, h.cpu_seconds(pids)
+        while depth > 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+            depth = site.depth()
+        elapsed = time.monotonic() - first
+        out.rps["deliver"] = first_depth / elapsed if elapsed > 0 else 0.0
+        out.cpu_us["deliver"] = (h.cpu_seconds(pids) - cpu) * 1e6 / max(first_depth, 1)
+        out.errors["deliver"] = depth
+    return out
+
+
+def commands(site: Site, n: int) -> dict[str, Any]:
+    """Round trips per request: n sync first requests and n accepts (accept-only
+    gateway), then a delivering gateway drains those n deliveries."""
+    site.redis.clients[0].flushdb()
+    found: dict[str, Any] = {}
+    shim = type("B", (), {"redis": site.redis, "procs": site.procs})()
+    with site.gateway("cmd-accepting", 0) as (port, _):
+        client = bg.Client(port)
+        for name, path in (("sync first request", SYNC_PATH), ("accepted request", ASYNC_PATH)):
+            with bg.Monitor(shim, f"monitor-{name.split()[0]}") as mon:
+                tag = os.urandom(4).hex()
+                for i in range(n):
+                    status, _ = client.post(f"{tag}-{i}", path)
+                    assert status in (200, 202), status
+            found[name] = per(mon.lines(), site.scripts, n)
+    with bg.Monitor(shim, "monitor-deliver") as mon:
+        with site.gateway("cmd-delivering", 64):
+            deadline = time.monotonic() + 60
+            while site.depth() > 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+    found["delivery"] = per(mon.lines(), site.scripts, n, skip_ready=True)
+    return found
+
+
+def per(
+    lines: list[str], scripts: dict[str, str], n: int, skip_ready: bool = False
+) -> dict[str, Any]:
+    # The benchmark's own depth polls (HGET of the qr hashes) are not the gateway's.
+    lines = [line for line in lines if not ('"HGET"' in line and ':qr"' in line)]
+    parsed = bg.parse_monitor(lines, scripts)
+    top: Counter[str] = Counter()
+    for cmd, count in parsed["round_trips"].items():
+        if cmd.split()[0] in WATCH or cmd == "HELLO":  # HELLO: a connection's set-up
+            continue
+        top[cmd] += count
+    if skip_ready:  # the readiness probe: a replay of the key "ready" (one claim)
+        top["EVALSHA claim"] -= 1
+    top = Counter({k: v for k, v in top.items() if v > 0})
+    return {
+        "per_request": round(sum(top.values()) / n, 3),
+        "by_command": {k: round(v / n, 3) for k, v in sorted(top.items())},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--duration", type=float, default=8.0)
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--connections", type=int, default=32)
+    p.add_argument("--extras", default="commands", help="commands or none")
+    p.add_argument("--commands-n", type=int, default=300)
+    p.add_argument("--quick", action="store_true", help="1 run x 4 s, 100 requests for commands")
+    p.add_argument("--json", default="")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.runs, args.duration, args.commands_n = 1, 4.0, 100
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        print("wrk is not installed (apt-get install wrk)", file=sys.stderr)
+        return 2
+    work_dir = Path(tempfile.mkdtemp(prefix="bench-delivery-"))
+    procs = h.Processes(work_dir)
+    print(f"# logs in {work_dir}", file=sys.stderr, flush=True)
+    with h.exit_on_signals():
+        try:
+            site = Site(args, procs, bg.RedisServer(procs, None, work_dir), work_dir, wrk)
+            site.scripts = bg.lua_script_names(REPO)
+            nginx = h.nginx_binary()
+            site.upstream_port = h.free_port()
+            if nginx is not None:
+                body = h.nginx_upstream_body(site.upstream_port)
+                up = h.start_nginx(procs, nginx, "upstream", body, None)
+            else:
+                argv = h.uvicorn_argv(
+                    sys.executable, "_harness:create_upstream_app", HERE, site.upstream_port
+                )
+                up = procs.start("upstream", [*argv, "--lifespan", "off"])
+            h.wait_ready(procs, up, site.upstream_port, SYNC_PATH, DEFAULT_BODY)
+            runs = []
+            for run in range(args.runs):
+                r = measure(site, run)
+                runs.append(r)
+                print(
+                    f"# run {run}: "
+                    + json.dumps(
+                        {"rps": r.rps, "cpu_us": r.cpu_us, "errors": r.errors, "queued": r.queued},
+                        default=round,
+                    ),
+                    file=sys.stderr,
+                    flush=True,
+                )
+            extras = commands(site, args.commands_n) if args.extras == "commands" else {}
+        finally:
+            procs.stop_all()
+    report(runs, extras)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"runs": [r.__dict__ for r in runs], "extras": extras}, indent=2)
+        )
+    return 0
+
+
+def report(runs: list[Run], extras: dict[str, Any]) -> None:
+    def med(name: str, what: str = "rps") -> float:
+        return h.median([getattr(r, what)[name] for r in runs])
+
+    print("| workload | req/s (jobs/s) | CPU us/req | errors |")
+    print("|---|--:|--:|--:|")
+    labels = {
+        "same": "sync replays (one key)",
+        "unique": "sync first requests",
+        "accept": "async: accepted (202), nothing delivered",
+        "deliver": f"async: delivered, {h.median([r.queued for r in runs]):,.0f} queued",
+    }
+    for name, label in labels.items():
+        errors = sum(r.errors[name] for r in runs)
+        print(f"| {label} | {h.fmt_int(med(name))} | {med(name, 'cpu_us'):.0f} | {errors} |")
+    accept = h.median([r.rps["accept"] / r.rps["same"] for r in runs])
+    deliver = h.median([r.rps["deliver"] / r.rps["unique"] for r in runs])
+    print()
+    print("| ratio (median of per-run ratios) | value | issue 14's target |")
+    print("|---|--:|--:|")
+    print(f"| accepted / replayed req/s | {accept:.2f} | >= 0.8 |")
+    print(f"| delivered jobs/s / sync first requests/s | {deliver:.2f} | >= 0.8 |")
+    if extras:
+        print()
+        print("| Redis round trips | per request | by command |")
+        print("|---|--:|---|")
+        for name, found in extras.items():
+            by = ", ".join(f"{k} {v:g}" for k, v in found["by_command"].items())
+            print(f"| {name} | {found['per_request']:g} | {by} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
