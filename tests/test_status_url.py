@@ -94,6 +94,9 @@ async def gateway_on() -> AsyncIterator[Callable[..., Any]]:
     opened: list[GatewayClient] = []
 
     async def build(store: Store, routes: list[dict[str, Any]] = ROUTES, **top: Any) -> Any:
+        # These gateways read status only: none delivers, so the records the tests make
+        # (and other tests' on the shared redis-server) stay in the state they were made.
+        top["server"] = {"max_deliveries": 0, **top.get("server", {})}
         gateway = Gateway(config_for(UPSTREAM, routes, **top), store=store, sweep=False)
         await gateway.start()
         opened.append(GatewayClient(gateway))
