@@ -216,7 +216,8 @@ class ProxyApp:
         current_trace.set(trace)
         try:
             raw_path, path = request_paths(scope)
-            if path.startswith(prefix + "/"):  # the gateway's own, whatever the routes say
+            # The gateway's own, whatever the routes say; the prefix never ends in "/".
+            if path.startswith(prefix) and path[len(prefix) : len(prefix) + 1] == "/":
                 status, raw, payload = await status_reply(gateway, scope, raw_path, trace)
                 await _send(send, status, raw, payload)
                 log_access(trace, status)

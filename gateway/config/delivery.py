@@ -61,10 +61,6 @@ class DeliveryConfig(Section):
     drop_headers: HeaderNames = frozenset()  # request headers never stored
 
     @classmethod
-    def from_yaml(cls, given: dict[str, Any], problems: Problems) -> dict[str, Any]:
-        return given
-
-    @classmethod
     def check(
         cls,
         values: dict[str, Any],
