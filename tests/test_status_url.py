@@ -95,7 +95,8 @@ async def gateway_on() -> AsyncIterator[Callable[..., Any]]:
 
     async def build(store: Store, routes: list[dict[str, Any]] = ROUTES, **top: Any) -> Any:
         # These gateways read status only: none delivers, so the records the tests make
-        # (and other tests' on the shared redis-server) stay in the state they were made.
+        # with store.accept stay in the state they were made (a gateway delivers queued
+        # work of its routes, sync ones too: see DeliveryWorker.configure).
         top["server"] = {"max_deliveries": 0, **top.get("server", {})}
         gateway = Gateway(config_for(UPSTREAM, routes, **top), store=store, sweep=False)
         await gateway.start()
