@@ -87,7 +87,10 @@ class RedisStore(RedisDeliveries, RedisNotices):
         self.cluster = config.kind == "cluster"
         self.client, self._connection_kwargs = client_for(config)
         self.wait_for_replicas = config.wait_for_replicas
-        self.replica_timeout_ms = max(1, int(config.socket_timeout * 1000))
+        # WAIT gives up at half the socket timeout, so its answer (too few replicas)
+        # arrives before the read does: a read that timed out instead loses the answer,
+        # and redis-py retries the claim, finding its own unconfirmed write.
+        self.replica_timeout_ms = max(1, int(config.socket_timeout * 500))
         self._scripts: dict[str, AsyncScript] = {
             name: self.client.register_script(_script_source(name)) for name in _SCRIPTS
         }
@@ -248,17 +251,21 @@ class RedisStore(RedisDeliveries, RedisNotices):
     ) -> Record | None:
         args = (run_id, fingerprint, _ms(lease), ref.route, ref.key, expired)
         if self.wait_for_replicas:
-            reply = await self._claim_replicated(ref, args)
-        else:
-            reply = await self._run("claim", ref, *args)
-        if reply[0] == 1:
-            return None
-        return decode_record(self, ref.digest, int(reply[1]), reply[2:])
+            return await self._claim_replicated(ref, run_id, args)
+        reply = await self._run("claim", ref, *args)
+        return None if reply[0] == 1 else decode_record(self, ref.digest, int(reply[1]), reply[2:])
 
-    async def _claim_replicated(self, ref: KeyRef, args: tuple[Any, ...]) -> Any:
+    async def _claim_replicated(
+        self, ref: KeyRef, run_id: str, args: tuple[Any, ...]
+    ) -> Record | None:
         """Claim, then WAIT on the same connection until replicas hold the claim.
         A claim they did not confirm is released and reported as a store error: a
-        failover right now could lose it, and the key would run twice."""
+        failover right now could lose it, and the key would run twice.
+
+        A claim of this run found in flight is this call's own, retried by redis-py
+        after a timeout (often WAIT's own): the first try's write may not have reached
+        a replica, so it needs the same confirmation. (The script writes to such a
+        record, so this WAIT covers the first try's write too.)"""
         keys, head = self._keys(ref)
         try:
             async with self.client.pipeline(transaction=False) as pipe:
@@ -267,14 +274,18 @@ class RedisStore(RedisDeliveries, RedisNotices):
                 reply, acked = await pipe.execute()
         except RedisError as exc:
             raise StoreError(f"redis claim failed: {exc}") from exc
-        if reply[0] == 1 and acked < self.wait_for_replicas:
+        record = (
+            None if reply[0] == 1 else decode_record(self, ref.digest, int(reply[1]), reply[2:])
+        )
+        ours = record is None or (record.run_id == run_id and record.state is State.IN_FLIGHT)
+        if ours and acked < self.wait_for_replicas:
             try:
-                await self.release(ref, args[0], 1, "replicas did not confirm the claim")
+                await self.release(ref, run_id, 1, "replicas did not confirm the claim")
             finally:
                 raise StoreError(
                     f"only {acked} of {self.wait_for_replicas} replicas confirmed the claim"
                 )
-        return reply
+        return record
 
     async def complete(
         self,

@@ -88,21 +88,32 @@ class RedisDeliveries(Store):
             expired,
             origin,
         )
+        acked = None
         if self.wait_for_replicas:
-            reply = await self._accept_replicated(ref, args)
+            reply, acked = await self._accept_replicated(ref, args)
         else:
             reply = await self._run("accept", ref, *args)
         now = int(reply[1])
-        if reply[0] == 1:
-            return Accepted("queued", now)
         if reply[0] == 2:
             return Accepted("full", now)
-        return Accepted("exists", now, decode_record(self, ref.digest, now, reply[2:]))
+        accepted = Accepted("queued", now)
+        if reply[0] == 0:
+            accepted = Accepted("exists", now, decode_record(self, ref.digest, now, reply[2:]))
+        record = accepted.record
+        ours = record is None or (record.run_id == run_id and record.state is State.QUEUED)
+        if acked is not None and ours and acked < self.wait_for_replicas:
+            # Left queued: releasing it could drop work, and a repeat finds it (202).
+            raise StoreError(
+                f"only {acked} of {self.wait_for_replicas} replicas confirmed the accepted delivery"
+            )
+        return accepted
 
-    async def _accept_replicated(self, ref: KeyRef, args: tuple[Any, ...]) -> Any:
+    async def _accept_replicated(self, ref: KeyRef, args: tuple[Any, ...]) -> tuple[Any, int]:
         """Accept, then WAIT on the same connection until replicas hold it. One they
         did not confirm is a store error (the caller answers 503, not 202) but stays
-        queued: releasing it could drop work, and a repeat finds it and gets 202."""
+        queued. A record of this run found queued is this call's own, retried by
+        redis-py after a timeout: it needs the same confirmation (the script writes to
+        it, so this WAIT covers the first try's write too)."""
         keys, head = self._keys(ref)
         try:
             async with self.client.pipeline(transaction=False) as pipe:
@@ -111,11 +122,7 @@ class RedisDeliveries(Store):
                 reply, acked = await pipe.execute()
         except RedisError as exc:
             raise StoreError(f"redis accept failed: {exc}") from exc
-        if reply[0] == 1 and acked < self.wait_for_replicas:
-            raise StoreError(
-                f"only {acked} of {self.wait_for_replicas} replicas confirmed the accepted delivery"
-            )
-        return reply
+        return reply, int(acked)
 
     async def pick(
         self,

@@ -1,6 +1,7 @@
 from tests.mutants import Mutant
 
 RESP = "tests/test_resp.py"
+REPL = "tests/test_store_replication.py"
 
 MUTANTS = [
     Mutant(
@@ -39,13 +40,48 @@ MUTANTS = [
     ),
 ]
 
-MUTANTS.append(
-    Mutant(
-        name="notice-without-response",
-        path="gateway/store/lua/complete.lua",
-        old="redis.call('SPUBLISH', CHANNEL, MEMBER .. '\\n' .. rec[5] .. '\\n' .. ARGV[4])",
-        new="redis.call('SPUBLISH', CHANNEL, MEMBER)",
-        tests=("tests/test_proxy.py::test_waiting_duplicate_costs_one_round_trip",),
-        breaks="a duplicate waiting in another gateway reads the record again (2 round trips)",
-    )
+MUTANTS.extend(
+    [
+        Mutant(
+            name="notice-without-response",
+            path="gateway/store/lua/complete.lua",
+            old="redis.call('SPUBLISH', CHANNEL, MEMBER .. '\\n' .. rec[5] .. '\\n' .. ARGV[4])",
+            new="redis.call('SPUBLISH', CHANNEL, MEMBER)",
+            tests=("tests/test_proxy.py::test_waiting_duplicate_costs_one_round_trip",),
+            breaks="a duplicate waiting in another gateway reads the record again (2 round trips)",
+        ),
+        Mutant(
+            name="retried-claim-skips-the-replicas",
+            path="gateway/store/redis.py",
+            old="        if ours and acked < self.wait_for_replicas:",
+            new="        if record is None and acked < self.wait_for_replicas:",
+            tests=(
+                f"{REPL}::test_a_retried_claim_that_finds_its_own_claim_still_needs_the_replicas",
+            ),
+            breaks="a claim redis-py retried after a timeout is forwarded unconfirmed: a failover "
+            "loses it and the key runs twice (seen in CI on Sentinel)",
+        ),
+        Mutant(
+            name="retried-accept-skips-the-replicas",
+            path="gateway/store/redis_delivery.py",
+            old="and ours and acked < self.wait_for_replicas:",
+            new="and record is None and acked < self.wait_for_replicas:",
+            tests=(
+                f"{REPL}::test_a_retried_accept_that_finds_its_own_delivery_still_needs_the_replicas",
+            ),
+            breaks="an accept redis-py retried after a timeout answers 202 unconfirmed: a "
+            "failover loses the job",
+        ),
+        Mutant(
+            name="wait-outlasts-the-socket",
+            path="gateway/store/redis.py",
+            old="int(config.socket_timeout * 500)",
+            new="int(config.socket_timeout * 1000)",
+            tests=(
+                f"{REPL}::test_a_retried_claim_that_finds_its_own_claim_still_needs_the_replicas",
+            ),
+            breaks="WAIT's answer arrives after the read timed out: the claim is neither confirmed "
+            "nor released, and redis-py retries it",
+        ),
+    ]
 )

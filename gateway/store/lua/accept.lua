@@ -24,6 +24,9 @@ if not state or state == 'released' then
   announce(now, now, ARGV[11])
   return {1, now}
 end
+-- This run's own record: the command was retried after a lost reply. A write here
+-- lets a WAIT after it confirm the first try's write as well.
+if redis.call('HGET', R, 'r') == ARGV[3] then redis.call('HSET', R, 'r', ARGV[3]) end
 local reply = redis.call('HGETALL', R)
 table.insert(reply, 1, now)
 table.insert(reply, 1, 0)
