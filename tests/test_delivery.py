@@ -139,8 +139,7 @@ async def test_article_case_accepted_then_delivered_once(
     gw = await gateway_for([async_route(upstream_timeout="10s")])
     key = unique("article")
     started = time.monotonic()
-    first = await asyncio.wait_for(send(gw, key, "sleep=3.5"), 1.0)
-    assert time.monotonic() - started < 1.0
+    first = await asyncio.wait_for(send(gw, key, "sleep=3.5"), 1.0)  # the caller's 1 s
     assert first.status_code == 202
     doc = first.json()
     assert doc["route"] == ROUTE and doc["key"] == key and doc["state"] == "queued"

@@ -162,6 +162,64 @@ def lost(record: Record | None) -> bool:
     return record is None or record.state is State.RELEASED
 
 
+# -- the article's case, across processes ------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_article_case_a_caller_with_a_1s_timeout_and_a_3_5s_handler(
+    tmp_path: Path, upstream: Process, redis_server: RedisServer, ledger: Ledger
+) -> None:
+    """The article's case, scaled down, with a real gateway process: a caller that gives
+    up after 1 s, a handler that takes 3.5 s. The caller has its 202 while the handler
+    has not finished (the upstream's own counters say so, not a clock); the handler
+    runs once; the caller's retries get the same 202 and never reach it; the status URL
+    shows `completed` with the handler's response."""
+    site = Site(tmp_path, upstream, redis_server, upstream_timeout="10s")
+    gateway = site.gateway()
+    key = unique("article")
+    query = "sleep=3.5"
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=1.0) as caller:
+
+        async def call() -> httpx.Response:
+            return await caller.post(
+                f"{PATH}?{query}", content=b"{}", headers={"Idempotency-Key": key}
+            )
+
+        first = await call()  # httpx raises if the gateway takes the caller's 1 s
+        assert first.status_code == 202, first.text
+        finished = await _finished(upstream, key)
+        assert finished == 0  # not done yet: the 202 did not wait for the handler
+        retries = [await call() for _ in range(3)]
+        assert all(r.status_code == 202 for r in retries)
+        assert all(r.headers["idempotent-replayed"] == "true" for r in retries)
+        assert {r.headers["location"] for r in retries} == {first.headers["location"]}
+    record = await site.until(key, State.COMPLETED, timeout=20)
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=5) as reader:
+        status = await reader.get(first.headers["location"])
+    gateway.stop()
+    runs = await upstream_count(upstream, key)
+    ledger.record(
+        AREA,
+        "article_case",
+        requests=4,
+        faults=0,
+        upstream_duplicates=max(0, runs - 1),
+        records_lost=int(lost(record)),
+        detail=f"202 with the handler unfinished; {runs} run",
+    )
+    assert runs == 1
+    doc = status.json()
+    assert (status.status_code, doc["state"]) == (200, "completed")
+    assert doc["response"]["status"] == 200
+    assert json.loads(doc["response"]["body"])["key"] == key
+
+
+async def _finished(upstream: Process, key: str) -> int:
+    async with httpx.AsyncClient() as client:
+        answer = await client.get(f"{upstream.url}/_counts", params={"prefix": key})
+    return sum(answer.json()["answers"].get(key, {}).values())
+
+
 # -- SIGKILL of the delivering gateway mid-attempt ------------------------------------
 
 
