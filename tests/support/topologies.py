@@ -58,10 +58,12 @@ class SentinelSetup:
         for _ in range(3):
             port = free_port()
             conf = self.dir / f"sentinel-{port}.conf"
+            # down-after 2 s: a loaded CI machine stalls a master for a second (see
+            # restart_as_replica), which must not count as a failure.
             conf.write_text(
                 f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
                 f"sentinel monitor {self.master_name} 127.0.0.1 {self.master.port} 2\n"
-                f"sentinel down-after-milliseconds {self.master_name} 1000\n"
+                f"sentinel down-after-milliseconds {self.master_name} 2000\n"
                 f"sentinel failover-timeout {self.master_name} 5000\n"
                 f"sentinel parallel-syncs {self.master_name} 1\n"
             )
@@ -85,11 +87,24 @@ class SentinelSetup:
 
     def restart_as_replica(self, node: RedisServer) -> None:
         """Bring a killed node back as a replica of the current master, as an operator
-        must when Redis runs without persistence. Back as an empty master, it can win a
-        second failover and wipe the dataset: seen in this suite, when a sentinel that
-        learned of the switch late marked the new master down and promoted the empty
-        node (Redis's Sentinel docs warn of the same)."""
-        node.args = [*node.args, "--replicaof", "127.0.0.1", str(self.current_master_port())]
+        must when Redis runs without persistence, and not promotable (replica-priority
+        0) while it is still empty.
+
+        Back as an empty master, it can win a second failover and wipe the dataset.
+        Back as a plain replica, it still can: Sentinel elects a replica that has not
+        finished its first sync (it reports no link-down time). Seen in CI: the new
+        master stalled a second under load while it forked for this node's sync, the
+        sentinels failed over again, promoted this empty node, and keys completed
+        before ran again (Redis's Sentinel docs warn of the same). No WAIT can help:
+        the data is gone from every node."""
+        node.args = [
+            *node.args,
+            "--replicaof",
+            "127.0.0.1",
+            str(self.current_master_port()),
+            "--replica-priority",
+            "0",
+        ]
         node.start()
 
     @property
