@@ -8,11 +8,13 @@ needs through the store's own operations, so no upstream is involved.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -22,7 +24,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from gateway import admin
-from gateway.admin import authorize, create_admin_app, problem_response, summary
+from gateway.admin import authenticate, create_admin_app, problem_response, summary
 from gateway.admin_responses import check_response, operator_response
 from gateway.app import Gateway
 from gateway.config import StoreConfig
@@ -36,6 +38,7 @@ from gateway.errors import (
     InvalidTransition,
     NotJsonObject,
     NotTheHolder,
+    NotYourName,
     OperatorApiDisabled,
     OperatorBodyTooLarge,
     OperatorRefusal,
@@ -43,8 +46,11 @@ from gateway.errors import (
     ProblemError,
     Unauthorized,
     UnknownKey,
+    ViewerCannotAct,
 )
 from gateway.keys import record_digest
+from gateway.logs import JsonFormatter, shown_key
+from gateway.operators import Operator, Role
 from gateway.records import KeyRef, Record, State, StoredRequest, StoredResponse
 from gateway.store.base import Store
 from gateway.store.redis import RedisStore
@@ -54,9 +60,16 @@ from tests.support.servers import RedisServer
 pytestmark = pytest.mark.anyio
 
 TOKEN = "adm-test-admin-token"
+#: Named operators (admin.operators): their tokens come from the environment.
+OPERATORS = {
+    "alice": ("operator", "adm-alice-token-0123456789"),
+    "bob": ("operator", "adm-bob-token-0123456789ab"),
+    "vera": ("viewer", "adm-vera-token-0123456789a"),
+}
 ROUTE = "send-invoices"
 OTHER = "send-reminders"
 SCOPED = "tenant-jobs"
+SECRET = "card-charges"  # sensitive_keys: logs show a hash of its keys
 #: Nothing listens here: no test in this file forwards a request.
 NOWHERE = "http://127.0.0.1:9"
 MEMORY = pytest.mark.parametrize("store_kind", ["memory"])
@@ -69,6 +82,12 @@ ROUTES = [
         "match": {"methods": ["POST"], "path": "/jobs/t"},
         "key": {"body": "k", "scope": ["header.X-Tenant"]},
     },
+    {
+        "name": SECRET,
+        "match": {"methods": ["POST"], "path": "/jobs/c"},
+        "key": {"body": "k"},
+        "sensitive_keys": True,
+    },
 ]
 
 #: Ways to ask without the token (only `Authorization: Bearer <token>` counts).
@@ -76,6 +95,9 @@ BAD_AUTH: dict[str, dict[str, Any]] = {
     "none": {},
     "wrong": {"headers": {"Authorization": "Bearer not-the-token"}},
     "prefix": {"headers": {"Authorization": f"Bearer {TOKEN[:-1]}"}},
+    "named-prefix": {"headers": {"Authorization": "Bearer adm-alice-token-012345678"}},
+    # No admin.identity_header configured: nobody's header is believed.
+    "identity-header": {"headers": {"X-Auth-Request-User": "alice"}},
     "no-scheme": {"headers": {"Authorization": TOKEN}},
     "basic-scheme": {"headers": {"Authorization": f"Basic {TOKEN}"}},
     "query": {"params": {"token": TOKEN, "access_token": TOKEN}},
@@ -88,7 +110,9 @@ class Admin:
 
     gateway: Gateway
     app: Starlette
-    http: httpx.AsyncClient
+    clients: list[httpx.AsyncClient] = field(default_factory=list)
+    #: alice's (a named operator's) client
+    http: httpx.AsyncClient = field(init=False)
 
     @property
     def store(self) -> Store:
@@ -96,6 +120,24 @@ class Admin:
 
     def anonymous(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://a")
+
+    def with_token(self, token: str) -> httpx.AsyncClient:
+        client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=self.app),
+            base_url="http://admin",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        self.clients.append(client)
+        return client
+
+    def as_(self, name: str) -> httpx.AsyncClient:
+        """A client with `name`'s own token (OPERATORS)."""
+        return self.with_token(OPERATORS[name][1])
+
+    @property
+    def shared(self) -> httpx.AsyncClient:
+        """A client with the shared admin.token."""
+        return self.with_token(TOKEN)
 
     async def seed(
         self, state: State, route: str = ROUTE, scope: str = "", key: str = ""
@@ -144,29 +186,48 @@ def assert_problem(response: httpx.Response, refusal: type[ProblemError], **memb
         assert doc[name] == value, (name, doc)
 
 
+def operators_config(names: tuple[str, ...] = tuple(OPERATORS)) -> list[dict[str, str]]:
+    return [
+        {"name": name, "role": OPERATORS[name][0], "token_env": f"ADM_{name.upper()}_TOKEN"}
+        for name in names
+    ]
+
+
 @pytest.fixture
-async def admin_for(make_store: Callable[[], Store]) -> AsyncIterator[Callable[..., Any]]:
-    """`await admin_for(token=TOKEN, store=None)`: an Admin on a started gateway."""
+def operator_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, (_, token) in OPERATORS.items():
+        monkeypatch.setenv(f"ADM_{name.upper()}_TOKEN", token)
+
+
+@pytest.fixture
+async def admin_for(
+    make_store: Callable[[], Store], operator_tokens: None
+) -> AsyncIterator[Callable[..., Any]]:
+    """`await admin_for(token=TOKEN, store=None, operators=True)`: an Admin on a
+    started gateway, with the shared token and the named OPERATORS."""
     opened: list[Admin] = []
 
-    async def build(token: str = TOKEN, store: Store | None = None) -> Admin:
+    async def build(
+        token: str = TOKEN, store: Store | None = None, operators: bool = True
+    ) -> Admin:
         # max_deliveries 0: deliveries seeded below stay in the state a test put them in.
         server = {"max_deliveries": 0}
-        config = config_for(NOWHERE, ROUTES, admin={"token": token} if token else {}, server=server)
+        admin: dict[str, Any] = {"token": token} if token else {}
+        if operators:
+            admin["operators"] = operators_config()
+        config = config_for(NOWHERE, ROUTES, admin=admin, server=server)
         gateway = Gateway(config, store=store or make_store(), sweep=False)
         await gateway.start()
         app = create_admin_app(gateway)
-        http = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app),
-            base_url="http://admin",
-            headers={"Authorization": f"Bearer {TOKEN}"},
-        )
-        opened.append(Admin(gateway, app, http))
-        return opened[-1]
+        api = Admin(gateway, app)
+        api.http = api.as_("alice")
+        opened.append(api)
+        return api
 
     yield build
     for each in opened:
-        await each.http.aclose()
+        for client in each.clients:
+            await client.aclose()
         await each.gateway.close()
 
 
@@ -190,16 +251,20 @@ async def test_every_operator_call_without_the_token_is_unauthorized(
             await client.post(path(ref, "resolve"), json=done, **auth),
         ]
     for answer in answers:
-        assert_problem(answer, Unauthorized, detail="Send Authorization: Bearer <admin.token>.")
+        assert_problem(
+            answer, Unauthorized, detail="Send Authorization: Bearer <your operator token>."
+        )
     assert frozen(await api.record(ref)) == before
 
 
 @MEMORY
-async def test_the_token_is_decided_by_compare_digest_alone(
+async def test_a_token_is_decided_by_compare_digest_alone(
     admin_for: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`authorize` on its own: with compare_digest saying no, the right token is
-    refused; a plain `==` would let it through."""
+    """`authenticate` on its own: with compare_digest saying no, every right token is
+    refused; a plain `==` would let it through. A token given is compared with every
+    configured one (alice's, bob's, vera's, the shared one), each as SHA-256 digests
+    of one length, whichever matches: the time taken says nothing of which it was."""
     api: Admin = await admin_for()
     calls: list[tuple[bytes, bytes]] = []
 
@@ -207,22 +272,37 @@ async def test_the_token_is_decided_by_compare_digest_alone(
         calls.append((a, b))
         return False
 
+    def request(token: str) -> Request:
+        return Request(
+            {
+                "type": "http",
+                "app": api.app,
+                "method": "GET",
+                "path": "/admin/keys",
+                "query_string": b"",
+                "headers": [(b"authorization", f"Bearer {token}".encode())],
+                "client": ("127.0.0.1", 5000),
+            }
+        )
+
     monkeypatch.setattr(hmac, "compare_digest", spy)
-    request = Request(
-        {
-            "type": "http",
-            "app": api.app,
-            "method": "GET",
-            "path": "/admin/keys",
-            "query_string": b"",
-            "headers": [(b"authorization", f"Bearer {TOKEN}".encode())],
-        }
-    )
-    with pytest.raises(Unauthorized):
-        authorize(request)
-    assert calls == [(TOKEN.encode(), TOKEN.encode())]
+    for token in (OPERATORS["alice"][1], TOKEN):
+        calls.clear()
+        with pytest.raises(Unauthorized):
+            authenticate(request(token))
+        assert len(calls) == 4, calls
+        given = hashlib.sha256(token.encode()).digest()
+        assert all(a == given and len(b) == len(given) for a, b in calls)
+        assert given in [b for _, b in calls]
     monkeypatch.undo()
-    assert authorize(request) is api.gateway
+    assert authenticate(request(OPERATORS["alice"][1])) == (
+        api.gateway,
+        Operator("alice", Role.OPERATOR, "token"),
+    )
+    assert authenticate(request(TOKEN)) == (
+        api.gateway,
+        Operator("", Role.OPERATOR, "shared_token"),
+    )
 
 
 @MEMORY
@@ -230,7 +310,7 @@ async def test_without_a_token_the_operator_api_is_disabled_and_probes_stay_on(
     admin_for: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, "gateway.admin"):
-        api: Admin = await admin_for(token="")
+        api: Admin = await admin_for(token="", operators=False)
     assert "operator API is disabled" in caplog.text
     ref = await api.seed(State.PARKED)
     answers = [
@@ -240,13 +320,209 @@ async def test_without_a_token_the_operator_api_is_disabled_and_probes_stay_on(
     ]
     for answer in answers:
         assert_problem(answer, OperatorApiDisabled)
-        assert "admin.token" in answer.json()["detail"]
+        assert "admin.operators or admin.token" in answer.json()["detail"]
     assert (await api.http.get("/healthz")).status_code == 200
     assert (await api.http.get("/metrics")).status_code == 200
-    # The token is read on each call: a reload that sets one turns the API on.
+    # The operators are the current config's: a reload that sets a token turns it on.
     config = api.gateway.config
-    api.gateway.config = replace(config, admin=replace(config.admin, token=TOKEN))
-    assert (await api.http.get(path(ref))).status_code == 200
+    api.gateway.reload(replace(config, admin=replace(config.admin, token=TOKEN)))
+    assert (await api.shared.get(path(ref))).status_code == 200
+
+
+# -- who: named operators, roles, the shared token ----------------------------------
+
+
+async def test_me_says_who_and_how(admin_for: Callable[..., Any]) -> None:
+    api: Admin = await admin_for()
+    assert (await api.http.get("/admin/me")).json() == {
+        "name": "alice",
+        "role": "operator",
+        "via": "token",
+    }
+    assert (await api.as_("vera").get("/admin/me")).json()["role"] == "viewer"
+    assert (await api.shared.get("/admin/me")).json() == {
+        "name": "",
+        "role": "operator",
+        "via": "shared_token",
+    }
+
+
+@MEMORY
+async def test_a_viewer_reads_everything_and_changes_nothing(
+    admin_for: Callable[..., Any],
+) -> None:
+    api: Admin = await admin_for()
+    vera = api.as_("vera")
+    parked, held = await api.seed(State.PARKED), await api.seed(State.CLAIMED)
+    before = {ref.key: frozen(await api.record(ref)) for ref in (parked, held)}
+    assert (await vera.get("/admin/keys")).json()["count"] == 2
+    assert (await vera.get(path(parked))).json()["state"] == "parked"
+    assert (await vera.get("/admin/overview")).status_code == 200
+    refused = [
+        await vera.post(path(parked, "claim"), json={}),
+        await vera.post(path(held, "claim"), json={"force": True}),
+        await vera.post(path(held, "resolve"), json={"outcome": "done", "note": "x"}),
+        await vera.post(path(held, "resolve"), json={"outcome": "retry"}),
+        # Refused for the role before the body is read: whatever it says.
+        await vera.post(path(held, "resolve"), content=b"not json"),
+        await vera.post(path(held, "claim"), json={"operator": "alice"}),
+    ]
+    for answer in refused:
+        assert_problem(answer, ViewerCannotAct)
+        assert "vera is a viewer" in answer.json()["detail"]
+    assert {ref.key: frozen(await api.record(ref)) for ref in (parked, held)} == before
+    for action in ("claim", "resolve_done", "resolve_retry"):
+        for role in ("operator", "viewer"):
+            labels = {"action": action, "role": role}
+            count = api.gateway.metrics.registry.get_sample_value(
+                "idempotency_gateway_operator_actions_total", labels
+            )
+            assert not count, labels
+
+
+@MEMORY
+async def test_an_operator_field_that_is_not_yours_is_forbidden(
+    admin_for: Callable[..., Any],
+) -> None:
+    """The recorded name is the authenticated one: a named operator may leave
+    "operator" out or give their own; another name is refused, and nothing changes."""
+    api: Admin = await admin_for()
+    parked, held = await api.seed(State.PARKED), await api.seed(State.CLAIMED)  # alice's
+    before = {ref.key: frozen(await api.record(ref)) for ref in (parked, held)}
+    bob = api.as_("bob")
+    refused = [
+        await bob.post(path(parked, "claim"), json={"operator": "alice"}),
+        await bob.post(path(held, "claim"), json={"operator": "alice", "force": True}),
+        await api.http.post(path(held, "resolve"), json={"operator": "bob", "outcome": "done"}),
+        await api.http.post(path(held, "resolve"), json={"operator": 7, "outcome": "retry"}),
+    ]
+    for answer in refused:
+        assert_problem(answer, NotYourName)
+        assert "You are authenticated as" in answer.json()["detail"]
+    assert {ref.key: frozen(await api.record(ref)) for ref in (parked, held)} == before
+    mine = await bob.post(path(parked, "claim"), json={"operator": "bob"})
+    assert mine.status_code == 200 and mine.json()["holder"] == "bob"
+    done = await api.http.post(path(held, "resolve"), json={"outcome": "done"})
+    assert done.status_code == 200 and done.json()["history"][-1]["operator"] == "alice"
+
+
+async def test_the_shared_token_is_recorded_as_such(admin_for: Callable[..., Any]) -> None:
+    """The shared token proves no name: its actions keep the name given, marked, so
+    they are never taken for that operator's own."""
+    api: Admin = await admin_for()
+    ref = await api.seed(State.PARKED)
+    nameless = await api.shared.post(path(ref, "claim"), json={})
+    assert_problem(nameless, OperatorRequired)
+    assert "(shared token)" in nameless.json()["detail"]
+    claimed = await api.shared.post(path(ref, "claim"), json={"operator": "alice"})
+    assert claimed.status_code == 200 and claimed.json()["holder"] == "alice (shared token)"
+    # alice's own token is someone else to the record: the shared token's alice holds it.
+    own = await api.http.post(path(ref, "resolve"), json={"outcome": "done"})
+    assert_problem(own, NotTheHolder, holder="alice (shared token)")
+    done = await api.shared.post(
+        path(ref, "resolve"), json={"operator": "alice", "outcome": "done", "note": "checked"}
+    )
+    assert done.status_code == 200, done.text
+    events = done.json()["history"]
+    assert [(e["event"], e.get("operator")) for e in events[-2:]] == [
+        ("claimed", "alice (shared token)"),
+        ("resolved", "alice (shared token)"),
+    ]
+    stored = (await api.record(ref)).response
+    assert stored is not None and json.loads(stored.body)["resolved_by"] == "alice (shared token)"
+
+
+@MEMORY
+async def test_a_removed_operator_is_refused_after_a_reload(
+    admin_for: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api: Admin = await admin_for()
+    bob = api.as_("bob")
+    assert (await bob.get("/admin/keys")).status_code == 200
+    config = api.gateway.config
+    kept = tuple(op for op in config.admin.operators if op.name != "bob")
+    api.gateway.reload(replace(config, admin=replace(config.admin, operators=kept)))
+    assert_problem(await bob.get("/admin/keys"), Unauthorized)
+    assert (await api.http.get("/admin/keys")).status_code == 200
+    assert api.gateway.operators.by_name("bob") is None
+
+
+@MEMORY
+async def test_each_action_is_one_log_line_and_never_a_token(
+    admin_for: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Who, role, what, route, key (hashed on a sensitive_keys route), which client;
+    a refusal's line says it was refused. No token in any line."""
+    api: Admin = await admin_for()
+    parked, secret = await api.seed(State.PARKED), await api.seed(State.PARKED, route=SECRET)
+    cli = {"User-Agent": "idempotency-gateway-cli/1"}
+    with caplog.at_level(logging.INFO, "gateway.operator"):
+        await api.http.post(path(parked, "claim"), json={}, headers=cli)
+        await api.as_("bob").post(path(parked, "claim"), json={"force": True})
+        await api.as_("bob").post(path(parked, "resolve"), json={"outcome": "retry"})
+        await api.as_("vera").post(path(secret, "claim"), json={})
+        await api.shared.post(path(secret, "claim"), json={"operator": "carol"})
+        await api.http.post(path(secret, "claim"), json={})  # carol holds it: refused
+        await api.http.post(path(secret, "claim"), json={"operator": "carol", "force": True})
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records]
+    hashed = shown_key(secret.key, True)
+    assert hashed.startswith("sha256:") and hashed != secret.key
+    common = ("operator", "role", "via", "action", "route", "key", "client")
+    assert [tuple(line.get(name) for name in common) for line in lines] == [
+        ("alice", "operator", "token", "claim", ROUTE, parked.key, "cli"),
+        ("bob", "operator", "token", "claim", ROUTE, parked.key, "api"),
+        ("bob", "operator", "token", "resolve_retry", ROUTE, parked.key, "api"),
+        ("vera", "viewer", "token", "claim", SECRET, hashed, "api"),
+        ("carol (shared token)", "operator", "shared_token", "claim", SECRET, hashed, "api"),
+        ("alice", "operator", "token", "claim", SECRET, hashed, "api"),
+        ("alice", "operator", "token", "claim", SECRET, hashed, "api"),
+    ]
+    assert [line.get("refused") for line in lines] == [
+        None, None, None, ViewerCannotAct.slug, None, HeldByAnother.slug, NotYourName.slug,
+    ]  # fmt: skip
+    assert lines[1]["takeover_from"] == "alice"
+    assert all(line["logger"] == "gateway.operator" and line["level"] == "info" for line in lines)
+    text = caplog.text + "".join(map(json.dumps, lines))
+    assert secret.key not in text
+    assert not any(token in text for token in (TOKEN, *(t for _, t in OPERATORS.values())))
+
+
+async def test_overview_has_the_gauges_figures(admin_for: Callable[..., Any]) -> None:
+    """Per route and open state, the count and oldest age the gauges export, read from
+    the store; queued and retrying deliveries; no last success before one."""
+    api: Admin = await admin_for()
+    for state, route in (
+        (State.PARKED, ROUTE), (State.PARKED, ROUTE), (State.CLAIMED, ROUTE),
+        (State.UNRESOLVED, OTHER), (State.IN_FLIGHT, OTHER), (State.COMPLETED, OTHER),
+    ):  # fmt: skip
+        await api.seed(state, route=route)
+    await deliveries(api)  # on ROUTE: one queued, one retrying, one parked
+    await api.gateway.refresh_key_metrics()
+    registry = api.gateway.metrics.registry
+    doc = (await api.as_("vera").get("/admin/overview")).json()
+    assert doc["store"] == {"reachable": True, "error": None}
+    rows = {row["route"]: row for row in doc["routes"]}
+    assert list(rows) == [ROUTE, OTHER, SCOPED, SECRET]  # the config's order
+    counts = {
+        (name, state): figures["count"]
+        for name, row in rows.items()
+        for state, figures in row["keys"].items()
+    }
+    assert {k: v for k, v in counts.items() if v} == {
+        (ROUTE, "parked"): 3,
+        (ROUTE, "claimed"): 1,
+        (OTHER, "unresolved"): 1,
+    }
+    for (name, state), count in counts.items():
+        labels = {"route": name, "state": state}
+        assert registry.get_sample_value("idempotency_gateway_keys", labels) == count
+        gauge = registry.get_sample_value("idempotency_gateway_oldest_key_age_seconds", labels)
+        age = rows[name]["keys"][state]["oldest_age_seconds"]
+        assert (age > 0) == (count > 0) and gauge is not None and age >= round(gauge, 3) - 0.001
+    assert rows[ROUTE]["queue"]["queued"] == 1 and rows[ROUTE]["queue"]["retrying"] == 1
+    assert rows[OTHER]["queue"] is None  # a sync route with no deliveries
+    assert all(row["last_success_age_seconds"] is None for row in rows.values())
+    assert all(row["configured"] and row["delivery"] == "sync" for row in rows.values())
 
 
 # -- records: unknown, scoped, shown ---------------------------------------------------
@@ -275,9 +551,7 @@ async def test_a_digest_names_only_its_own_route_and_key(admin_for: Callable[...
     elsewhere = [
         await api.http.get(f"/admin/keys/{OTHER}/{ref.key}", params=digest),
         await api.http.get(f"/admin/keys/{ROUTE}/another-key", params=digest),
-        await api.http.post(
-            f"/admin/keys/{OTHER}/{ref.key}/claim", params=digest, json={"operator": "eve"}
-        ),
+        await api.http.post(f"/admin/keys/{OTHER}/{ref.key}/claim", params=digest, json={}),
     ]
     for answer in elsewhere:
         assert_problem(answer, UnknownKey)
@@ -323,7 +597,7 @@ async def test_a_key_another_operator_holds_is_refused_naming_them(
     api: Admin = await admin_for()
     ref = await api.seed(State.CLAIMED)  # alice holds it
     held = await api.record(ref)
-    bob = await api.http.post(path(ref, "claim"), json={"operator": "bob"})
+    bob = await api.as_("bob").post(path(ref, "claim"), json={})
     assert_problem(
         bob,
         HeldByAnother,
@@ -336,7 +610,7 @@ async def test_a_key_another_operator_holds_is_refused_naming_them(
     assert frozen(await api.record(ref)) == frozen(held)
     again = await api.http.post(path(ref, "claim"), json={"operator": " alice "})
     assert again.status_code == 200 and again.json()["holder"] == "alice"
-    taken = await api.http.post(path(ref, "claim"), json={"operator": "bob", "force": True})
+    taken = await api.as_("bob").post(path(ref, "claim"), json={"force": True})
     assert taken.status_code == 200 and taken.json()["holder"] == "bob"
     assert taken.json()["history"][-1]["takeover_from"] == "alice"
 
@@ -346,9 +620,7 @@ async def test_only_the_holder_may_resolve(admin_for: Callable[..., Any]) -> Non
     ref = await api.seed(State.CLAIMED)  # alice holds it
     before = frozen(await api.record(ref))
     for outcome in ("done", "retry"):
-        bob = await api.http.post(
-            path(ref, "resolve"), json={"operator": "bob", "outcome": outcome}
-        )
+        bob = await api.as_("bob").post(path(ref, "resolve"), json={"outcome": outcome})
         assert_problem(bob, NotTheHolder, holder="alice", route=ROUTE, key=ref.key)
         assert "claim it first" in bob.json()["detail"]
     assert frozen(await api.record(ref)) == before
@@ -400,7 +672,7 @@ async def test_claim_and_resolve_count_and_answer_the_record(
     registry = api.gateway.metrics.registry
     for action, count in (("claim", 2), ("resolve_done", 1), ("resolve_retry", 1)):
         sample = registry.get_sample_value(
-            "idempotency_gateway_operator_actions_total", {"action": action}
+            "idempotency_gateway_operator_actions_total", {"action": action, "role": "operator"}
         )
         assert sample == count, action
 
@@ -444,7 +716,8 @@ async def test_bad_bodies_are_refused_with_their_own_type(
     api: Admin = await admin_for()
     ref = await api.seed(State.CLAIMED)
     before = frozen(await api.record(ref))
-    answer = await api.http.post(
+    # The shared token: it needs the body to name the operator.
+    answer = await api.shared.post(
         path(ref, call), content=body, headers={"Content-Type": "application/json"}
     )
     assert_problem(answer, refusal)
@@ -561,7 +834,8 @@ async def test_a_listing_row_is_the_records_json_in_short(admin_for: Callable[..
 
 async def deliveries(api: Admin) -> dict[str, KeyRef]:
     """One delivery in each state an operator meets: queued, retrying, parked."""
-    request = StoredRequest("POST", "/jobs/i", (), b'{"k": 1}')
+    headers = (("content-type", "application/json"), ("authorization", "Bearer caller-secret"))
+    request = StoredRequest("POST", "/jobs/i?run=1", headers, b'{"k": 1}')
     refs = {}
     for state in ("queued", "retrying", "parked"):
         key = unique(state)
@@ -576,6 +850,22 @@ async def deliveries(api: Admin) -> dict[str, KeyRef]:
         attempt = {"result": "retry_scheduled", "status": 503}
         assert await api.store.retry_later(ref, "run-1", delay, attempt)
     return refs
+
+
+async def test_a_delivery_shows_its_request_without_authorization(
+    admin_for: Callable[..., Any],
+) -> None:
+    api: Admin = await admin_for()
+    ref = (await deliveries(api))["parked"]
+    shown = await api.as_("vera").get(path(ref))
+    assert shown.json()["request"] == {
+        "method": "POST",
+        "target": "/jobs/i?run=1",
+        "headers": [["content-type", "application/json"]],
+    }
+    assert "caller-secret" not in shown.text
+    sync = await api.http.get(path(await api.seed(State.PARKED)))
+    assert "request" not in sync.json()
 
 
 async def test_deliveries_are_listed_by_their_states(admin_for: Callable[..., Any]) -> None:
@@ -701,6 +991,10 @@ async def test_a_store_that_went_down_is_503_for_operators_and_readiness(
         assert answer.status_code == 503, answer.text
         assert answer.headers["content-type"] == "application/problem+json"
         assert answer.json()["type"] == PROBLEM_BASE + "store-unavailable"
+    # The overview still answers, and says the store did not.
+    overview = (await api.http.get("/admin/overview")).json()
+    assert overview["store"]["reachable"] is False and overview["store"]["error"]
+    assert all(row["keys"] is None and row["queue"] is None for row in overview["routes"])
     ready = await api.http.get("/readyz")
     assert ready.status_code == 503 and ready.json()["ready"] is False
     assert ready.json()["checks"]["store"] != "ok"
