@@ -1,9 +1,11 @@
-"""The admin listener: health, readiness, metrics and the operator API.
+"""The admin listener: health, readiness, metrics and the operator API's HTTP shapes.
 
-The operator API needs `Authorization: Bearer <admin.token>` (compared in constant
-time); with no token configured it is off and says so. A key is addressed by route
-and key (URL-encoded); a scoped route's records are addressed by their `digest`
-(from a listing) with `?digest=`.
+Who may call the operator API is gateway/operators.py's to say (named tokens, the
+shared token, an identity header from a trusted proxy); what a call does is
+gateway/actions.py's, which the console calls too. A handler here reads the request
+(path, query, a bounded JSON body), authenticates it, calls the action and answers
+JSON. A key is addressed by route and key (URL-encoded); a scoped route's records
+are addressed by their `digest` (from a listing) with `?digest=`.
 
 Each handler is a module-level function of the request, reading the gateway from
 `request.app.state.gateway`. A refusal is raised as an `OperatorRefusal`
@@ -12,8 +14,6 @@ Each handler is a module-level function of the request, reading the gateway from
 
 from __future__ import annotations
 
-import dataclasses
-import hmac
 import json
 import logging
 import os
@@ -25,70 +25,44 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
-from gateway.admin_responses import check_response, operator_response
-from gateway.config import Route as RouteConfig
-from gateway.config import parse_duration
+from gateway import actions
 from gateway.console.site import create_console
 from gateway.errors import (
-    BadFilter,
-    BadOutcome,
-    DigestRequired,
-    HeldByAnother,
-    InvalidTransition,
+    BadOperatorRequest,
     NotJsonObject,
-    NotTheHolder,
-    OperatorApiDisabled,
     OperatorBodyTooLarge,
-    OperatorRefusal,
-    OperatorRequired,
     ProblemError,
     StoreError,
     StoreUnavailable,
-    Unauthorized,
-    UnknownKey,
 )
-from gateway.keys import record_digest
-from gateway.records import KeyRef, Record, State
-from gateway.store.base import OperatorResult
+from gateway.operators import Operator
+from gateway.records import KeyRef, Record
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
 log = logging.getLogger("gateway.admin")
 
-LISTABLE = {
-    "in_flight": State.IN_FLIGHT,
-    "unresolved": State.UNRESOLVED,
-    "parked": State.PARKED,
-    "claimed": State.CLAIMED,
-    "queued": State.QUEUED,  # deliveries of async routes, from the due indexes
-    "retrying": State.RETRYING,
-}
+#: The User-Agent the `keys` CLI sends (gateway/admin_client.py), so logs say "cli".
+CLI_AGENT = "idempotency-gateway-cli"
 
 #: A request body of the operator API, but resolve's: a name, a note, a flag.
 _MAX_ADMIN_BODY = 64 * 1024
 
 
-def _route_default(name: str) -> Any:
-    return next(f.default for f in dataclasses.fields(RouteConfig) if f.name == name)
-
-
-#: For a record whose route a reload removed: a route's declared defaults (read from
-#: the model, not a made-up route that has to validate).
-_DEFAULT_MAX_STORED_BODY = int(_route_default("max_stored_body"))
-_DEFAULT_RESPONSE_TTL = float(_route_default("response_ttl"))
-
-
 def create_admin_app(gateway: Gateway) -> Starlette:
-    if not gateway.config.admin.token:
+    if not gateway.operators.enabled:
         log.warning(
-            "admin.token is not set: the operator API is disabled (metrics and health stay on)"
+            "neither admin.operators nor admin.token is set: the operator API is disabled "
+            "(metrics and health stay on)"
         )
     app = Starlette(
         routes=[
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics),
+            Route("/admin/me", me),
+            Route("/admin/overview", overview),
             Route("/admin/keys", list_keys),
             Route("/admin/keys/{route}/{key:path}/claim", claim_key, methods=["POST"]),
             Route("/admin/keys/{route}/{key:path}/resolve", resolve_key, methods=["POST"]),
@@ -122,18 +96,12 @@ def gateway_of(request: Request) -> Gateway:
     return gateway
 
 
-def authorize(request: Request) -> Gateway:
-    """The gateway, for a request that carries the admin token; otherwise a refusal."""
+def authenticate(request: Request) -> tuple[Gateway, Operator]:
+    """The gateway and the operator a request comes from; otherwise a refusal. The
+    operators are the current config's: a reload that removes one refuses them."""
     gateway = gateway_of(request)
-    token = gateway.config.admin.token  # read each time: a reload may change it
-    if not token:
-        raise OperatorApiDisabled("Set admin.token in the config to enable it.")
-    given = request.headers.get("authorization", "")
-    scheme, _, value = given.partition(" ")
-    # A token in the query string is never accepted: it would end up in logs.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
-        raise Unauthorized("Send Authorization: Bearer <admin.token>.")
-    return gateway
+    client = request.client.host if request.client is not None else None
+    return gateway, gateway.operators.authenticate(request.headers, client)
 
 
 # -- health, readiness, metrics: no token -----------------------------------------------
@@ -184,131 +152,87 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
-# -- the operator API: the token first, then the body, then the record ------------------
+# -- the operator API: who first, then the body, then the action ----------------------
+
+
+async def me(request: Request) -> Response:
+    """Who the credentials sent are: name, role, and how they were told."""
+    _, operator = authenticate(request)
+    return JSONResponse({"name": operator.name, "role": str(operator.role), "via": operator.via})
+
+
+async def overview(request: Request) -> Response:
+    gateway, _ = authenticate(request)
+    return JSONResponse(await actions.overview(gateway))
 
 
 async def list_keys(request: Request) -> Response:
-    gateway = authorize(request)
-    wanted = request.query_params.get("state", "unresolved,parked,claimed")
-    states: set[State] = set()
-    for name in wanted.split(","):
-        if name not in LISTABLE:
-            raise BadFilter(
-                f"Unknown state {name!r}: state is one or more of {', '.join(LISTABLE)}.",
-                field="state",
-            )
-        states.add(LISTABLE[name])
-    older_than = 0.0
-    if "older_than" in request.query_params:
-        try:
-            older_than = parse_duration(request.query_params["older_than"])
-        except ValueError as exc:
-            raise BadFilter(f"older_than is not a duration: {exc}", field="older_than") from None
-    route = request.query_params.get("route")
-    records = await gateway.store.open_records(frozenset(states))
-    rows = [
-        summary(r)
-        for r in sorted(records, key=lambda r: r.since_ms or r.created_ms)
-        if (route is None or r.route == route) and r.state_age >= older_than
-    ]
+    gateway, _ = authenticate(request)
+    query = request.query_params
+    states = actions.parse_states(query.get("state", "unresolved,parked,claimed"))
+    older_than = actions.parse_age(query.get("older_than"))
+    records = await actions.list_keys(gateway, states, query.get("route"), older_than)
+    rows = [summary(r) for r in records]
     return JSONResponse({"keys": rows, "count": len(rows)})
 
 
 async def show_key(request: Request) -> Response:
-    gateway = authorize(request)
-    _, record = await record_for(gateway, request)
-    return JSONResponse(record.to_json())
+    gateway, _ = authenticate(request)
+    record = await actions.show(gateway, _ref(gateway, request))
+    doc = record.to_json()
+    stored = await actions.stored_request(gateway, record)
+    if stored is not None:
+        doc["request"] = {
+            "method": stored.method,
+            "target": stored.target,
+            "headers": [list(pair) for pair in stored.headers],
+        }
+    return JSONResponse(doc)
 
 
 async def claim_key(request: Request) -> Response:
-    gateway = authorize(request)
+    gateway, operator = authenticate(request)
+    actions.permit(operator)  # before the body: a viewer's claim is 403, whatever it says
     body = await _json_body(request, _MAX_ADMIN_BODY)
-    operator = _operator(body)
-    ref, _ = await record_for(gateway, request)
-    claimed = await gateway.store.operator_claim(ref, operator, bool(body.get("force", False)))
-    if not claimed.ok:
-        raise refusal(claimed, ref)
-    gateway.metrics.operator_actions.labels("claim").inc()
-    log.info("operator %s claimed %s key %r", operator, ref.route, ref.key)
-    record = await gateway.store.get(ref)
-    return JSONResponse(record.to_json() if record else {"state": claimed.state})
+    force = body.get("force", False)
+    if not isinstance(force, bool):
+        raise BadOperatorRequest("force is true or false.", field="force")
+    acting = operator.acting(body.get("operator"))
+    ref = _ref(gateway, request)
+    record = await actions.claim(gateway, acting, ref, force, client_of(request))
+    return JSONResponse(record.to_json())
 
 
 async def resolve_key(request: Request) -> Response:
-    gateway = authorize(request)
-    name = request.path_params["route"]
-    route = next((r for r in gateway.config.routes if r.name == name), None)
-    ttl = route.response_ttl if route is not None else _DEFAULT_RESPONSE_TTL
-    max_body = route.max_stored_body if route is not None else _DEFAULT_MAX_STORED_BODY
+    gateway, operator = authenticate(request)
+    actions.permit(operator)
+    _, max_body = actions.route_limits(gateway, request.path_params["route"])
     # Room for the response body written as JSON text at its most escaped (\u0000).
     body = await _json_body(request, 6 * max_body + _MAX_ADMIN_BODY)
-    operator = _operator(body)
-    outcome = body.get("outcome")
-    if outcome not in ("done", "retry"):
-        raise BadOutcome(
-            "done: it ran, and repeats get the response given (or a 2xx saying so); "
-            "retry: it did not run, and the next request runs it."
-        )
-    given = body.get("response") if outcome == "done" else None
-    if given is not None:
-        check_response(given, max_body, name)
-    ref, record = await record_for(gateway, request)
-    response = operator_response(given, record, operator) if outcome == "done" else None
-    resolved = await gateway.store.operator_resolve(
-        ref, operator, outcome, str(body.get("note", "")), response, ttl
+    acting = operator.acting(body.get("operator"))
+    note, outcome = body.get("note"), body.get("outcome")
+    record = await actions.resolve(
+        gateway,
+        acting,
+        _ref(gateway, request),
+        outcome if isinstance(outcome, str) else "",  # anything else: BadOutcome
+        "" if note is None else note,
+        body.get("response"),
+        client_of(request),
     )
-    if not resolved.ok:
-        raise refusal(resolved, ref)
-    gateway.metrics.operator_actions.labels(f"resolve_{outcome}").inc()
-    log.info("operator %s resolved %s key %r: %s", operator, ref.route, ref.key, outcome)
-    after = await gateway.store.get(ref)
-    return JSONResponse(after.to_json() if after else {"state": resolved.state})
+    return JSONResponse(record.to_json())
 
 
-async def record_for(gateway: Gateway, request: Request) -> tuple[KeyRef, Record]:
-    """The record the path (and `?digest=`) names, or UnknownKey."""
-    route_name = request.path_params["route"]
-    key = request.path_params["key"]
-    route = next((r for r in gateway.config.routes if r.name == route_name), None)
-    digest = request.query_params.get("digest")
-    if digest is None:
-        if route is not None and route.key is not None and route.key.scope:
-            raise DigestRequired(
-                "Address the record with ?digest=<digest> from the listing.",
-                route=route_name,
-                key=key,
-            )
-        digest = record_digest(route_name, "", key)
-    record = await gateway.store.get(KeyRef(digest, route_name, key))
-    # A digest is the caller's to give: it must be this route's and this key's record.
-    if record is None or record.route != route_name or record.key != key:
-        raise UnknownKey(route=route_name, key=key)
-    return KeyRef(digest, route_name, key), record
+def _ref(gateway: Gateway, request: Request) -> KeyRef:
+    params, digest = request.path_params, request.query_params.get("digest")
+    return actions.locate(gateway, params["route"], params["key"], digest)
 
 
-def refusal(result: OperatorResult, ref: KeyRef) -> OperatorRefusal:
-    """What the store's refusal of a claim or resolve means to the operator."""
-    if result.refused == "missing":
-        return UnknownKey(route=ref.route, key=ref.key)
-    if result.refused == "held":
-        return HeldByAnother(
-            f"{result.holder} holds it since {result.holder_since_ms} (ms since epoch). "
-            'Send "force": true to take it over; the takeover is recorded.',
-            holder=result.holder,
-            holder_since_ms=result.holder_since_ms,
-            route=ref.route,
-            key=ref.key,
-        )
-    if result.refused == "holder":
-        return NotTheHolder(
-            f"{result.holder} holds it; claim it first.",
-            holder=result.holder,
-            route=ref.route,
-            key=ref.key,
-        )
-    return InvalidTransition(
-        f"The key is {result.state}.", state=result.state, route=ref.route, key=ref.key
-    )
+def client_of(request: Request) -> actions.Client:
+    """Which client called: the `keys` CLI says so in its User-Agent; anything else is
+    the API. (Said by the caller, so it is for the log, never for a decision.)"""
+    agent = request.headers.get("user-agent", "")
+    return "cli" if agent.startswith(CLI_AGENT) else "api"
 
 
 def summary(record: Record) -> dict[str, Any]:
@@ -352,12 +276,3 @@ async def _json_body(request: Request, limit: int) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise NotJsonObject("The body is valid JSON, but not an object.")
     return body
-
-
-def _operator(body: dict[str, Any]) -> str:
-    operator = body.get("operator")
-    if not isinstance(operator, str) or not operator.strip():
-        raise OperatorRequired(
-            'Send {"operator": "your name"}: the record keeps who claimed and resolved it.'
-        )
-    return operator.strip()

@@ -35,6 +35,7 @@ from gateway.forwarding import TrustedProxies
 from gateway.keys import RequestParts
 from gateway.logs import Trace, access_path, current_trace, log_access
 from gateway.metrics import Metrics
+from gateway.operators import Operators
 from gateway.outbound import Origin
 from gateway.reconcile import Reconciler, stop_if_cancelled
 from gateway.request import read_body, read_headers, request_paths, splits_differently
@@ -75,6 +76,8 @@ class Gateway:
         self.metrics = metrics if metrics is not None else Metrics()
         self.router = Router(config.routes)
         self.proxies = TrustedProxies(config.server.trusted_proxies)
+        #: who may use the operator API, from the current config (rebuilt on reload)
+        self.operators = Operators(config.admin)
         self.engine = Engine(config, self.store, self.upstream, self.metrics)
         budget = self.engine.budget
         self.metrics.watch_buffered(lambda: budget.held)
@@ -165,6 +168,7 @@ class Gateway:
         self.config = config
         self.router = Router(config.routes)
         self.proxies = TrustedProxies(config.server.trusted_proxies)
+        self.operators = Operators(config.admin)
         self.engine.config = config
         self.engine.budget.limit = config.server.max_buffered_responses
         self.reconciler.configure(config)

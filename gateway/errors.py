@@ -31,8 +31,12 @@
         ├── OutcomeUnknown     504: the request was sent and its answer lost (timeout,
         │                          reset, cut off): the work may have run
         └── OperatorRefusal    the operator API (admin.py) refused a call; nothing changed
-            ├── Unauthorized          401: no `Authorization: Bearer <admin.token>` that matches
-            ├── OperatorApiDisabled   404: admin.token is not set
+            ├── Unauthorized          401: no token that matches (named or shared), and no
+            │                             identity header from a trusted proxy naming an operator
+            ├── Forbidden             403: authenticated, and not allowed this
+            │   ├── ViewerCannotAct   a viewer's claim or resolve
+            │   └── NotYourName       an "operator" field that differs from the authenticated name
+            ├── OperatorApiDisabled   404: no admin.token and no admin.operators
             ├── UnknownKey            404: no record for this route and key
             ├── HeldByAnother         409: another operator holds the key (claim without force)
             ├── NotTheHolder          409: only the operator holding the key may resolve it
@@ -302,7 +306,23 @@ class OperatorRefusal(ProblemError):
 class Unauthorized(OperatorRefusal):
     status = 401
     slug = "unauthorized"
-    title = "A valid admin token is required"
+    title = "A valid operator token is required"
+
+
+class Forbidden(OperatorRefusal):
+    status = 403
+    slug = "forbidden"
+    title = "This operator may not do that"
+
+
+class ViewerCannotAct(Forbidden):
+    slug = "viewer-cannot-act"
+    title = "A viewer reads keys; claiming and resolving need the operator role"
+
+
+class NotYourName(Forbidden):
+    slug = "not-your-name"
+    title = "The operator named is not the one authenticated"
 
 
 class OperatorApiDisabled(OperatorRefusal):

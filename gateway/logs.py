@@ -58,6 +58,13 @@ def access_path(path: str, status_prefix: str) -> str:
     return head + "***"
 
 
+def shown_key(key: str, sensitive: bool) -> str:
+    """A key as log lines show it: a hash of it on routes with sensitive_keys."""
+    if key and sensitive:
+        return "sha256:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    return key
+
+
 class AccessWriter:
     """Formats access lines straight into a buffer. Going through `logging` (a
     LogRecord, handler locks, a formatter) cost about 30% of replay throughput,
@@ -69,9 +76,7 @@ class AccessWriter:
         self.lines: list[str] = []
 
     def write(self, trace: Trace, status: int) -> None:
-        key = trace.key
-        if key and trace.sensitive:
-            key = "sha256:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+        key = shown_key(trace.key, trace.sensitive)
         duration = round((time.perf_counter() - trace.started) * 1000, 2)
         if self.as_json:
             # The line json.dumps would write for this dict, without building the dict
@@ -146,6 +151,11 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        # A line's own fields (an operator action's who, what, route, key, client),
+        # given as `extra={"fields": {...}}`; they never replace the four above.
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            doc.update({k: v for k, v in fields.items() if k not in doc})
         if record.exc_info:
             doc["error"] = self.formatException(record.exc_info)
         return json.dumps(doc, ensure_ascii=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -100,10 +101,14 @@ class Metrics:
         )
         self.operator_actions = Counter(
             prefix + "operator_actions",
-            "Operator API actions that changed a record.",
-            ["action"],
+            "Operator actions that changed a record, by action and the operator's role "
+            "(never their name: one series per person would grow without bound).",
+            ["action", "role"],
             registry=self.registry,
         )
+        for action in ("claim", "resolve_done", "resolve_retry"):
+            # Present at 0 before the first, so increase() sees the first too.
+            self.operator_actions.labels(action, "operator")
         self.keys = Gauge(
             prefix + "keys",
             "Unresolved, parked and claimed keys, cluster-wide (read from the store).",
@@ -274,6 +279,21 @@ class Metrics:
 
     def buffer_full_event(self, action: str) -> None:
         self._buffer_full[action].inc()
+
+    def operator_action(self, action: str, role: str) -> None:
+        self.operator_actions.labels(action, str(role)).inc()
+
+    def last_success_age(self, route: str) -> float | None:
+        """Seconds since this process's last success on `route` (None before the
+        first): the gauge's value, which holds a unix time once set."""
+        found = self._routes.get(route)
+        if found is None:
+            return None
+        for metric in found.last_success.collect():
+            for sample in metric.samples:
+                if sample.value > 0:
+                    return round(max(0.0, time.time() - sample.value), 3)
+        return None
 
     def for_route(self, route: str) -> RouteMetrics:
         found = self._routes.get(route)

@@ -8,11 +8,12 @@ needs through the store's own operations, so no upstream is involved.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -22,7 +23,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from gateway import admin
-from gateway.admin import authorize, create_admin_app, problem_response, summary
+from gateway.admin import authenticate, create_admin_app, problem_response, summary
 from gateway.admin_responses import check_response, operator_response
 from gateway.app import Gateway
 from gateway.config import StoreConfig
@@ -45,6 +46,7 @@ from gateway.errors import (
     UnknownKey,
 )
 from gateway.keys import record_digest
+from gateway.operators import Operator, Role
 from gateway.records import KeyRef, Record, State, StoredRequest, StoredResponse
 from gateway.store.base import Store
 from gateway.store.redis import RedisStore
@@ -54,6 +56,12 @@ from tests.support.servers import RedisServer
 pytestmark = pytest.mark.anyio
 
 TOKEN = "adm-test-admin-token"
+#: Named operators (admin.operators): their tokens come from the environment.
+OPERATORS = {
+    "alice": ("operator", "adm-alice-token-0123456789"),
+    "bob": ("operator", "adm-bob-token-0123456789ab"),
+    "vera": ("viewer", "adm-vera-token-0123456789a"),
+}
 ROUTE = "send-invoices"
 OTHER = "send-reminders"
 SCOPED = "tenant-jobs"
@@ -88,7 +96,9 @@ class Admin:
 
     gateway: Gateway
     app: Starlette
-    http: httpx.AsyncClient
+    clients: list[httpx.AsyncClient] = field(default_factory=list)
+    #: alice's (a named operator's) client
+    http: httpx.AsyncClient = field(init=False)
 
     @property
     def store(self) -> Store:
@@ -96,6 +106,24 @@ class Admin:
 
     def anonymous(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://a")
+
+    def with_token(self, token: str) -> httpx.AsyncClient:
+        client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=self.app),
+            base_url="http://admin",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        self.clients.append(client)
+        return client
+
+    def as_(self, name: str) -> httpx.AsyncClient:
+        """A client with `name`'s own token (OPERATORS)."""
+        return self.with_token(OPERATORS[name][1])
+
+    @property
+    def shared(self) -> httpx.AsyncClient:
+        """A client with the shared admin.token."""
+        return self.with_token(TOKEN)
 
     async def seed(
         self, state: State, route: str = ROUTE, scope: str = "", key: str = ""
@@ -144,29 +172,48 @@ def assert_problem(response: httpx.Response, refusal: type[ProblemError], **memb
         assert doc[name] == value, (name, doc)
 
 
+def operators_config(names: tuple[str, ...] = tuple(OPERATORS)) -> list[dict[str, str]]:
+    return [
+        {"name": name, "role": OPERATORS[name][0], "token_env": f"ADM_{name.upper()}_TOKEN"}
+        for name in names
+    ]
+
+
 @pytest.fixture
-async def admin_for(make_store: Callable[[], Store]) -> AsyncIterator[Callable[..., Any]]:
-    """`await admin_for(token=TOKEN, store=None)`: an Admin on a started gateway."""
+def operator_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, (_, token) in OPERATORS.items():
+        monkeypatch.setenv(f"ADM_{name.upper()}_TOKEN", token)
+
+
+@pytest.fixture
+async def admin_for(
+    make_store: Callable[[], Store], operator_tokens: None
+) -> AsyncIterator[Callable[..., Any]]:
+    """`await admin_for(token=TOKEN, store=None, operators=True)`: an Admin on a
+    started gateway, with the shared token and the named OPERATORS."""
     opened: list[Admin] = []
 
-    async def build(token: str = TOKEN, store: Store | None = None) -> Admin:
+    async def build(
+        token: str = TOKEN, store: Store | None = None, operators: bool = True
+    ) -> Admin:
         # max_deliveries 0: deliveries seeded below stay in the state a test put them in.
         server = {"max_deliveries": 0}
-        config = config_for(NOWHERE, ROUTES, admin={"token": token} if token else {}, server=server)
+        admin: dict[str, Any] = {"token": token} if token else {}
+        if operators:
+            admin["operators"] = operators_config()
+        config = config_for(NOWHERE, ROUTES, admin=admin, server=server)
         gateway = Gateway(config, store=store or make_store(), sweep=False)
         await gateway.start()
         app = create_admin_app(gateway)
-        http = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app),
-            base_url="http://admin",
-            headers={"Authorization": f"Bearer {TOKEN}"},
-        )
-        opened.append(Admin(gateway, app, http))
-        return opened[-1]
+        api = Admin(gateway, app)
+        api.http = api.as_("alice")
+        opened.append(api)
+        return api
 
     yield build
     for each in opened:
-        await each.http.aclose()
+        for client in each.clients:
+            await client.aclose()
         await each.gateway.close()
 
 
@@ -190,16 +237,20 @@ async def test_every_operator_call_without_the_token_is_unauthorized(
             await client.post(path(ref, "resolve"), json=done, **auth),
         ]
     for answer in answers:
-        assert_problem(answer, Unauthorized, detail="Send Authorization: Bearer <admin.token>.")
+        assert_problem(
+            answer, Unauthorized, detail="Send Authorization: Bearer <your operator token>."
+        )
     assert frozen(await api.record(ref)) == before
 
 
 @MEMORY
-async def test_the_token_is_decided_by_compare_digest_alone(
+async def test_a_token_is_decided_by_compare_digest_alone(
     admin_for: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`authorize` on its own: with compare_digest saying no, the right token is
-    refused; a plain `==` would let it through."""
+    """`authenticate` on its own: with compare_digest saying no, every right token is
+    refused; a plain `==` would let it through. A token given is compared with every
+    configured one (alice's, bob's, vera's, the shared one), each as SHA-256 digests
+    of one length, whichever matches: the time taken says nothing of which it was."""
     api: Admin = await admin_for()
     calls: list[tuple[bytes, bytes]] = []
 
@@ -207,22 +258,37 @@ async def test_the_token_is_decided_by_compare_digest_alone(
         calls.append((a, b))
         return False
 
+    def request(token: str) -> Request:
+        return Request(
+            {
+                "type": "http",
+                "app": api.app,
+                "method": "GET",
+                "path": "/admin/keys",
+                "query_string": b"",
+                "headers": [(b"authorization", f"Bearer {token}".encode())],
+                "client": ("127.0.0.1", 5000),
+            }
+        )
+
     monkeypatch.setattr(hmac, "compare_digest", spy)
-    request = Request(
-        {
-            "type": "http",
-            "app": api.app,
-            "method": "GET",
-            "path": "/admin/keys",
-            "query_string": b"",
-            "headers": [(b"authorization", f"Bearer {TOKEN}".encode())],
-        }
-    )
-    with pytest.raises(Unauthorized):
-        authorize(request)
-    assert calls == [(TOKEN.encode(), TOKEN.encode())]
+    for token in (OPERATORS["alice"][1], TOKEN):
+        calls.clear()
+        with pytest.raises(Unauthorized):
+            authenticate(request(token))
+        assert len(calls) == 4, calls
+        given = hashlib.sha256(token.encode()).digest()
+        assert all(a == given and len(b) == len(given) for a, b in calls)
+        assert given in [b for _, b in calls]
     monkeypatch.undo()
-    assert authorize(request) is api.gateway
+    assert authenticate(request(OPERATORS["alice"][1])) == (
+        api.gateway,
+        Operator("alice", Role.OPERATOR, "token"),
+    )
+    assert authenticate(request(TOKEN)) == (
+        api.gateway,
+        Operator("", Role.OPERATOR, "shared_token"),
+    )
 
 
 @MEMORY
@@ -230,7 +296,7 @@ async def test_without_a_token_the_operator_api_is_disabled_and_probes_stay_on(
     admin_for: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, "gateway.admin"):
-        api: Admin = await admin_for(token="")
+        api: Admin = await admin_for(token="", operators=False)
     assert "operator API is disabled" in caplog.text
     ref = await api.seed(State.PARKED)
     answers = [
@@ -240,13 +306,13 @@ async def test_without_a_token_the_operator_api_is_disabled_and_probes_stay_on(
     ]
     for answer in answers:
         assert_problem(answer, OperatorApiDisabled)
-        assert "admin.token" in answer.json()["detail"]
+        assert "admin.operators or admin.token" in answer.json()["detail"]
     assert (await api.http.get("/healthz")).status_code == 200
     assert (await api.http.get("/metrics")).status_code == 200
-    # The token is read on each call: a reload that sets one turns the API on.
+    # The operators are the current config's: a reload that sets a token turns it on.
     config = api.gateway.config
-    api.gateway.config = replace(config, admin=replace(config.admin, token=TOKEN))
-    assert (await api.http.get(path(ref))).status_code == 200
+    api.gateway.reload(replace(config, admin=replace(config.admin, token=TOKEN)))
+    assert (await api.shared.get(path(ref))).status_code == 200
 
 
 # -- records: unknown, scoped, shown ---------------------------------------------------
@@ -275,9 +341,7 @@ async def test_a_digest_names_only_its_own_route_and_key(admin_for: Callable[...
     elsewhere = [
         await api.http.get(f"/admin/keys/{OTHER}/{ref.key}", params=digest),
         await api.http.get(f"/admin/keys/{ROUTE}/another-key", params=digest),
-        await api.http.post(
-            f"/admin/keys/{OTHER}/{ref.key}/claim", params=digest, json={"operator": "eve"}
-        ),
+        await api.http.post(f"/admin/keys/{OTHER}/{ref.key}/claim", params=digest, json={}),
     ]
     for answer in elsewhere:
         assert_problem(answer, UnknownKey)
@@ -323,7 +387,7 @@ async def test_a_key_another_operator_holds_is_refused_naming_them(
     api: Admin = await admin_for()
     ref = await api.seed(State.CLAIMED)  # alice holds it
     held = await api.record(ref)
-    bob = await api.http.post(path(ref, "claim"), json={"operator": "bob"})
+    bob = await api.as_("bob").post(path(ref, "claim"), json={})
     assert_problem(
         bob,
         HeldByAnother,
@@ -336,7 +400,7 @@ async def test_a_key_another_operator_holds_is_refused_naming_them(
     assert frozen(await api.record(ref)) == frozen(held)
     again = await api.http.post(path(ref, "claim"), json={"operator": " alice "})
     assert again.status_code == 200 and again.json()["holder"] == "alice"
-    taken = await api.http.post(path(ref, "claim"), json={"operator": "bob", "force": True})
+    taken = await api.as_("bob").post(path(ref, "claim"), json={"force": True})
     assert taken.status_code == 200 and taken.json()["holder"] == "bob"
     assert taken.json()["history"][-1]["takeover_from"] == "alice"
 
@@ -346,9 +410,7 @@ async def test_only_the_holder_may_resolve(admin_for: Callable[..., Any]) -> Non
     ref = await api.seed(State.CLAIMED)  # alice holds it
     before = frozen(await api.record(ref))
     for outcome in ("done", "retry"):
-        bob = await api.http.post(
-            path(ref, "resolve"), json={"operator": "bob", "outcome": outcome}
-        )
+        bob = await api.as_("bob").post(path(ref, "resolve"), json={"outcome": outcome})
         assert_problem(bob, NotTheHolder, holder="alice", route=ROUTE, key=ref.key)
         assert "claim it first" in bob.json()["detail"]
     assert frozen(await api.record(ref)) == before
@@ -400,7 +462,7 @@ async def test_claim_and_resolve_count_and_answer_the_record(
     registry = api.gateway.metrics.registry
     for action, count in (("claim", 2), ("resolve_done", 1), ("resolve_retry", 1)):
         sample = registry.get_sample_value(
-            "idempotency_gateway_operator_actions_total", {"action": action}
+            "idempotency_gateway_operator_actions_total", {"action": action, "role": "operator"}
         )
         assert sample == count, action
 
@@ -444,7 +506,8 @@ async def test_bad_bodies_are_refused_with_their_own_type(
     api: Admin = await admin_for()
     ref = await api.seed(State.CLAIMED)
     before = frozen(await api.record(ref))
-    answer = await api.http.post(
+    # The shared token: it needs the body to name the operator.
+    answer = await api.shared.post(
         path(ref, call), content=body, headers={"Content-Type": "application/json"}
     )
     assert_problem(answer, refusal)

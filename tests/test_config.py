@@ -898,7 +898,7 @@ def test_describe_masks_secrets_and_is_stable() -> None:
     assert "tok-very-secret" not in text and "hunter2" not in text and ":pw@" not in text
     assert "redis://user:***@cache:6379/0" in text
     assert "https://svc:***@api.internal" in text
-    assert "operator API enabled (token set)" in text
+    assert "operator API: shared token set" in text
     assert "route job" in text
     assert "POST /jobs/{name}" in text
     assert "first present of: header Idempotency-Key; body job_key (JMESPath)" in text

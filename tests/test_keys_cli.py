@@ -136,7 +136,8 @@ def test_every_action_takes_the_options_in_either_place(
         record = run_json(keys(admin.url, json_at, url_at, ["show", ROUTE, shown]), capsys)
         assert record["key"] == shown and record["state"] == "parked", where
         claim = ["claim", ROUTE, key, "--operator", "alice"]
-        assert run_json(keys(admin.url, json_at, url_at, claim), capsys)["holder"] == "alice"
+        held = run_json(keys(admin.url, json_at, url_at, claim), capsys)["holder"]
+        assert held == "alice (shared token)"
         resolve = ["resolve", ROUTE, key, "done", "--operator", "alice", "--note", where]
         resolved = run_json(keys(admin.url, json_at, url_at, resolve), capsys)
         assert resolved["state"] == "completed", where
@@ -221,7 +222,7 @@ def test_retry_queues_a_parked_delivery_and_it_is_delivered_once(
     assert cli.main([*retry[:3], "claim", DELIVERED, key, "--operator", "bob"]) == 0
     capsys.readouterr()
     assert cli.main([*retry, "--operator", "alice"]) == 1
-    assert "bob holds it" in capsys.readouterr().err
+    assert "bob (shared token) holds it" in capsys.readouterr().err
     done = run_json([*retry, "--operator", "bob", "--note", "upstream fixed", "--json"], capsys)
     assert done["state"] == "queued" and done["delivery"]["attempts"] == 0
     assert done["history"][-1]["note"] == "upstream fixed"

@@ -307,5 +307,6 @@ async def test_default_operator_response_and_retry_ignore_nothing_given(
         )
         assert retry.status_code == 200 and retry.json()["state"] == "released"
     repeat = await gw.post("/jobs/charge", json={"job_key": key})
-    assert repeat.status_code == 200 and repeat.json()["resolved_by"] == "alice"
+    # The shared token: the name given, marked as such.
+    assert repeat.status_code == 200 and repeat.json()["resolved_by"] == "alice (shared token)"
     assert repeat.headers.get_list("content-length") == [str(len(repeat.content))]

@@ -193,6 +193,10 @@ async def test_two_replicas_check_each_key_once_per_every(
     assert b.gateway is not c.gateway
 
 
+#: What the shared token's actions are recorded as: the name given, marked.
+ALICE = "alice (shared token)"
+
+
 async def test_operator_handoff_recorded_and_enforced(
     gateway_for: Build, upstream: Process
 ) -> None:
@@ -208,15 +212,15 @@ async def test_operator_handoff_recorded_and_enforced(
     assert [k["key"] for k in listing["keys"] if k["key"] == key] == [key]
 
     alice = await admin.post(path + "/claim", json={"operator": "alice"})
-    assert alice.status_code == 200 and alice.json()["holder"] == "alice"
+    assert alice.status_code == 200 and alice.json()["holder"] == ALICE
     bob = await admin.post(path + "/claim", json={"operator": "bob"})
     assert bob.status_code == 409
     assert (
-        bob.json()["holder"] == "alice"
+        bob.json()["holder"] == ALICE
         and bob.json()["holder_since_ms"] == alice.json()["holder_since_ms"]
     )
     refused = await admin.post(path + "/resolve", json={"operator": "bob", "outcome": "done"})
-    assert refused.status_code == 409 and refused.json()["holder"] == "alice"
+    assert refused.status_code == 409 and refused.json()["holder"] == ALICE
     done = await admin.post(
         path + "/resolve",
         json={"operator": "alice", "outcome": "done", "note": "invoice 42 went out"},
@@ -233,19 +237,21 @@ async def test_operator_handoff_recorded_and_enforced(
     assert history[-1] == {
         "at_ms": history[-1]["at_ms"],
         "event": "resolved",
-        "operator": "alice",
+        "operator": ALICE,
         "outcome": "done",
         "note": "invoice 42 went out",
     }
     repeat = await gw.post("/jobs/send-invoices", json={"job_key": key}, params={"sleep": "0.4"})
     assert repeat.status_code == 200 and repeat.headers["idempotent-resolved-by"] == "operator"
-    assert repeat.json()["resolved_by"] == "alice"
+    assert repeat.json()["resolved_by"] == ALICE
     assert await upstream_count(upstream, key) == 1
     late = await admin.post(path + "/claim", json={"operator": "carol"})
     assert late.status_code == 409 and late.json()["state"] == "completed"
     registry = gw.gateway.metrics.registry
     assert (
-        registry.get_sample_value("idempotency_gateway_operator_actions_total", {"action": "claim"})
+        registry.get_sample_value(
+            "idempotency_gateway_operator_actions_total", {"action": "claim", "role": "operator"}
+        )
         == 1
     )
 
@@ -258,7 +264,7 @@ async def test_forced_takeover_and_retry(gateway_for: Build, upstream: Process) 
     path = f"/admin/keys/send-invoices/{key}"
     await admin.post(path + "/claim", json={"operator": "alice"})
     taken = await admin.post(path + "/claim", json={"operator": "bob", "force": True})
-    assert taken.status_code == 200 and taken.json()["holder"] == "bob"
+    assert taken.status_code == 200 and taken.json()["holder"] == "bob (shared token)"
     retry = await admin.post(
         path + "/resolve", json={"operator": "bob", "outcome": "retry", "note": "never sent"}
     )
@@ -270,7 +276,7 @@ async def test_forced_takeover_and_retry(gateway_for: Build, upstream: Process) 
     record = await record_of(gw, key)
     assert record is not None
     claims = [e for e in record.history if e["event"] == "claimed"]
-    assert claims[-1]["takeover_from"] == "alice"
+    assert claims[-1]["takeover_from"] == ALICE
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ gateway.keys use too), `sections` (how a YAML mapping becomes settings), `issues
 """
 
 from gateway.config.addresses import mask_url
+from gateway.config.admin import AdminConfig, OperatorConfig
 from gateway.config.delivery import DeliveryConfig, DeliveryMode, RetryConfig
 from gateway.config.http import DEFAULT_CACHE_STATUSES, REQUEST_PARTS, IPNetwork
 from gateway.config.keys import (
@@ -27,7 +28,7 @@ from gateway.config.keys import (
     parse_period,
 )
 from gateway.config.loading import load_config, parse_config
-from gateway.config.model import AdminConfig, Config, ServerConfig
+from gateway.config.model import Config, ServerConfig
 from gateway.config.routes import ReconcileConfig, Route
 from gateway.config.store import StoreConfig, TLSConfig
 from gateway.config.summary import describe
@@ -53,6 +54,7 @@ __all__ = [
     "KeySourceKind",
     "KeySpec",
     "MissingKeyPolicy",
+    "OperatorConfig",
     "Period",
     "ReconcileConfig",
     "RetryConfig",

@@ -1,4 +1,4 @@
-"""The config as a whole, and its server and admin sections.
+"""The config as a whole, and its server section (admin's is gateway.config.admin).
 
 `Config` reads a whole file: its sections, the `defaults:` every route inherits, and
 the checks that span sections (the operator API on the proxy's port, two routes of
@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, ValidationError, ValidationInfo, model_val
 from pydantic_core import ArgsKwargs
 
 from gateway.config.addresses import ListenAddress, listen_clash, parse_listen
+from gateway.config.admin import AdminConfig
 from gateway.config.http import Networks
 from gateway.config.issues import Loc, Problems, at_name, message_of
 from gateway.config.routes import (
@@ -29,7 +30,6 @@ from gateway.config.sections import INHERITED, Section, is_instance, settings
 from gateway.config.store import StoreConfig
 from gateway.config.text import kind, show, unknown_setting
 from gateway.config.types import (
-    AdminToken,
     Check,
     Duration,
     Flag,
@@ -117,14 +117,6 @@ class ServerConfig(Section):
             "max_buffered_responses", "max_deliveries", "trusted_proxies", "access_log",
             "log_format",
         )  # fmt: skip
-
-
-@settings
-class AdminConfig(Section):
-    example = "admin: {...}"
-
-    listen: ListenAddress = "127.0.0.1:9090"
-    token: AdminToken = ""  # empty: the operator API is disabled
 
 
 @settings

@@ -15,8 +15,9 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from gateway.config.admin import AdminConfig
 from gateway.config.keys import KEY_OPTIONS, SOURCE_KINDS, KeySource, KeySpec
-from gateway.config.model import SECTIONS, AdminConfig, ServerConfig
+from gateway.config.model import SECTIONS, ServerConfig
 from gateway.config.routes import SETTINGS, ReconcileConfig, Route
 from gateway.config.sections import field_adapter
 from gateway.config.store import StoreConfig, TLSConfig
@@ -118,7 +119,7 @@ def config_schema() -> Json:
     keys = _key()
     properties = {
         "server": _mapping(_section(ServerConfig)),
-        "admin": _mapping(_section(AdminConfig)),
+        "admin": _mapping(_section(AdminConfig, skip=("session_secret",))),
         "store": _mapping(_store()),
         "defaults": _mapping(_route_settings()),
         "routes": {"type": "array", "items": {"$ref": "#/$defs/route"}, "minItems": 1},

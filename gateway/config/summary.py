@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gateway.config.addresses import mask_url
+from gateway.config.admin import AdminConfig
 from gateway.config.keys import KeySource, KeySpec
 from gateway.config.model import Config
 from gateway.config.routes import Route
@@ -26,7 +27,6 @@ def _store_where(store: StoreConfig) -> str:
 def describe(config: Config) -> str:
     """A stable, human-readable summary for `check-config`; never shows secrets."""
     server, admin, store = config.server, config.admin, config.store
-    api = "operator API enabled (token set)" if admin.token else "operator API disabled (no token)"
     lines = [
         f"config: {config.source}",
         f"server: listen {server.listen}; shutdown grace {format_duration(server.shutdown_grace)}"
@@ -39,7 +39,7 @@ def describe(config: Config) -> str:
         f"{format_size(server.max_buffered_responses)}; {server.max_deliveries} deliveries at once",
         "trusted proxies: "
         + (", ".join(str(n) for n in server.trusted_proxies) or "none (X-Forwarded-* replaced)"),
-        f"admin: listen {admin.listen}; {api}",
+        f"admin: listen {admin.listen}; {_describe_access(admin)}",
         f"store: {_store_where(store)}; prefix {show(store.prefix)}; socket timeout "
         f"{format_duration(store.socket_timeout)}; connect timeout "
         f"{format_duration(store.connect_timeout)}; {store.max_connections} connections"
@@ -52,6 +52,23 @@ def describe(config: Config) -> str:
         lines.append("")
         lines.extend(_describe_route(route))
     return "\n".join(lines) + "\n"
+
+
+def _describe_access(admin: AdminConfig) -> str:
+    """Who may use the operator API: names, roles and where each token is read from,
+    never a token."""
+    if not admin.token and not admin.operators:
+        return "operator API disabled (no token, no operators)"
+    parts = ["shared token set" if admin.token else "no shared token"]
+    for op in admin.operators:
+        source = f"${op.token_env}" if op.token_env else show(op.token_file)
+        parts.append(f"{op.name} ({op.role}, token from {source})")
+    if admin.identity_header:
+        proxies = ", ".join(str(n) for n in admin.trusted_proxies)
+        parts.append(f"identity header {admin.identity_header} believed from {proxies}")
+    if admin.session_secret_env:
+        parts.append(f"console sessions signed with ${admin.session_secret_env}")
+    return "operator API: " + "; ".join(parts)
 
 
 def _describe_encryption(store: StoreConfig) -> str:

@@ -1,4 +1,5 @@
-"""The operator API's refusals (gateway/admin.py), caught by tests/test_admin.py."""
+"""The operator API's refusals (gateway/actions.py, which gateway/admin.py answers
+with), caught by tests/test_admin.py."""
 
 from tests.mutants import Mutant
 
@@ -7,8 +8,8 @@ A = "tests/test_admin.py::"
 MUTANTS = [
     Mutant(
         name="operator-refused-resolve-answered-200",
-        path="gateway/admin.py",
-        old="    if not resolved.ok:\n        raise refusal(resolved, ref)\n",
+        path="gateway/actions.py",
+        old="        if not resolved.ok:\n            raise refusal(resolved, ref)\n",
         new="",
         tests=(
             A + "test_only_the_holder_may_resolve",
@@ -19,7 +20,7 @@ MUTANTS = [
     ),
     Mutant(
         name="operator-not-the-holder-reported-as-invalid-transition",
-        path="gateway/admin.py",
+        path="gateway/actions.py",
         old='    if result.refused == "holder":\n',
         new='    if result.refused == "holder-of-record":\n',
         tests=(A + "test_only_the_holder_may_resolve",),
@@ -28,8 +29,8 @@ MUTANTS = [
     ),
     Mutant(
         name="operator-digest-of-another-record",
-        path="gateway/admin.py",
-        old="    if record is None or record.route != route_name or record.key != key:\n",
+        path="gateway/actions.py",
+        old="    if record is None or record.route != ref.route or record.key != ref.key:\n",
         new="    if record is None:\n",
         tests=(A + "test_a_digest_names_only_its_own_route_and_key",),
         breaks="a ?digest= reaches another route's or key's record under this route and key, "

@@ -42,9 +42,9 @@ MUTANTS = [
     ),
     Mutant(
         name="operator-response-unchecked",
-        path="gateway/admin.py",
-        old="        check_response(given, max_body, name)\n",
-        new="        pass\n",
+        path="gateway/actions.py",
+        old="            check_response(given, max_body, ref.route)\n",
+        new="            pass\n",
         tests=(
             H + "test_operator_response_is_validated",
             "tests/test_admin.py::test_bad_bodies_are_refused_with_their_own_type[bad-response-memory]",

@@ -1,0 +1,355 @@
+"""What operators do, in one place: the JSON API (gateway/admin.py), the console and
+the `keys` CLI (through the API) all come here.
+
+Reads: `list_keys`, `overview`, `show`. Changes: `claim` and `resolve`, for an
+authenticated `Operator` (gateway/operators.py) and the client it came from
+("console", "cli" or "api"). A change is allowed to the operator role alone
+(`permit`), recorded under the authenticated name (`Operator.recorded`), counted in
+`idempotency_gateway_operator_actions_total{action, role}` and written as one JSON
+log line: who, role, what, route, key, client. Every refusal is an `OperatorRefusal`
+(gateway.errors), raised before anything changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal
+
+from gateway.admin_responses import check_response, operator_response
+from gateway.config import Route as RouteConfig
+from gateway.config import parse_duration
+from gateway.errors import (
+    BadFilter,
+    BadOperatorRequest,
+    BadOutcome,
+    DigestRequired,
+    HeldByAnother,
+    InvalidTransition,
+    NotTheHolder,
+    OperatorRefusal,
+    StoreError,
+    UnknownKey,
+    ViewerCannotAct,
+)
+from gateway.keys import record_digest
+from gateway.logs import shown_key
+from gateway.operators import Operator, Role
+from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredRequest
+from gateway.store.base import OperatorResult
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger("gateway.operator")
+
+Client = Literal["console", "cli", "api"]
+CLIENTS: tuple[Client, ...] = ("console", "cli", "api")
+Outcome = Literal["done", "retry"]
+
+#: The states a listing may ask for, by name.
+LISTABLE = {
+    "in_flight": State.IN_FLIGHT,
+    "unresolved": State.UNRESOLVED,
+    "parked": State.PARKED,
+    "claimed": State.CLAIMED,
+    "queued": State.QUEUED,  # deliveries of async routes, from the due indexes
+    "retrying": State.RETRYING,
+}
+DEFAULT_STATES = frozenset(OPEN_STATES)
+#: Headers of a stored request never shown to an operator.
+HIDDEN_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+#: The actions counted, each with every role that may take it.
+ACTIONS = ("claim", "resolve_done", "resolve_retry")
+
+
+def _route_default(name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(RouteConfig) if f.name == name)
+
+
+#: For a record whose route a reload removed: a route's declared defaults (read from
+#: the model, not a made-up route that has to validate).
+_DEFAULT_MAX_STORED_BODY = int(_route_default("max_stored_body"))
+_DEFAULT_RESPONSE_TTL = float(_route_default("response_ttl"))
+
+
+def route_config(gateway: Gateway, name: str) -> RouteConfig | None:
+    return next((r for r in gateway.config.routes if r.name == name), None)
+
+
+def route_limits(gateway: Gateway, name: str) -> tuple[float, int]:
+    """A route's response_ttl and max_stored_body (the defaults for one a reload removed)."""
+    route = route_config(gateway, name)
+    if route is None:
+        return _DEFAULT_RESPONSE_TTL, _DEFAULT_MAX_STORED_BODY
+    return route.response_ttl, route.max_stored_body
+
+
+# -- reading ---------------------------------------------------------------------------
+
+
+def parse_states(text: str) -> frozenset[State]:
+    """`unresolved,parked`: the states a listing filter names, or BadFilter."""
+    states: set[State] = set()
+    for name in text.split(","):
+        if name not in LISTABLE:
+            raise BadFilter(
+                f"Unknown state {name!r}: state is one or more of {', '.join(LISTABLE)}.",
+                field="state",
+            )
+        states.add(LISTABLE[name])
+    return frozenset(states)
+
+
+def parse_age(text: str | None) -> float:
+    """`10m`: a listing's older_than filter in seconds (0 when not given), or BadFilter."""
+    if text is None or text == "":
+        return 0.0
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise BadFilter(f"older_than is not a duration: {exc}", field="older_than") from None
+
+
+async def list_keys(
+    gateway: Gateway,
+    states: Iterable[State] = DEFAULT_STATES,
+    route: str | None = None,
+    older_than: float = 0.0,
+) -> list[Record]:
+    """Records in `states`, of `route` if given, in their state at least `older_than`
+    seconds; the longest waiting first."""
+    records = await gateway.store.open_records(frozenset(states))
+    return [
+        r
+        for r in sorted(records, key=lambda r: r.since_ms or r.created_ms)
+        if (route is None or r.route == route) and r.state_age >= older_than
+    ]
+
+
+async def overview(gateway: Gateway) -> dict[str, Any]:
+    """Per route: open keys by state with the oldest's age, queued and retrying
+    deliveries, and the last success's age; and whether the store answered. The
+    figures are the gauges' (`idempotency_gateway_keys`, `_oldest_key_age_seconds`,
+    `_queue_depth`), read from the store, so every replica shows the same. The last
+    success is this process's own (`_last_success_timestamp_seconds`: the store
+    keeps no such time), null before its first."""
+    store: dict[str, Any] = {"reachable": True, "error": None}
+    stats, queues = [], []
+    try:
+        stats = await gateway.store.stats()
+        queues = await gateway.store.queue_stats()
+    except StoreError as exc:
+        store = {"reachable": False, "error": str(exc)}
+    configured = {r.name: r for r in gateway.config.routes}
+    names = list(configured)
+    names += sorted({s.route for s in stats} | {q.route for q in queues} - set(configured))
+    rows: dict[str, dict[str, Any]] = {}
+    for name in names:
+        route = configured.get(name)
+        is_async = route is not None and route.delivery.mode == "async"
+        rows[name] = {
+            "route": name,
+            "configured": route is not None,
+            "delivery": route.delivery.mode if route is not None else None,
+            "keys": {
+                str(state): {"count": 0, "oldest_age_seconds": 0.0} for state in sorted(OPEN_STATES)
+            }
+            if store["reachable"]
+            else None,
+            "queue": {"queued": 0, "retrying": 0, "oldest_wait_seconds": 0.0}
+            if is_async and store["reachable"]
+            else None,
+            "max_queued": route.delivery.max_queued if is_async and route is not None else None,
+            "last_success_age_seconds": gateway.metrics.last_success_age(name),
+        }
+    for stat in stats:
+        keys = rows[stat.route]["keys"]
+        keys[str(stat.state)] = {
+            "count": stat.count,
+            "oldest_age_seconds": round(stat.oldest_seconds, 3),
+        }
+    for queue in queues:
+        rows[queue.route]["queue"] = {
+            "queued": queue.queued,
+            "retrying": queue.retrying,
+            "oldest_wait_seconds": round(queue.oldest_wait_seconds, 3),
+        }
+    return {"store": store, "routes": list(rows.values())}
+
+
+def locate(gateway: Gateway, route: str, key: str, digest: str | None = None) -> KeyRef:
+    """Where the record of `route` and `key` lives; a scoped route's records need the
+    `digest` a listing gave (DigestRequired)."""
+    if digest is None:
+        config = route_config(gateway, route)
+        if config is not None and config.key is not None and config.key.scope:
+            raise DigestRequired(
+                "Address the record with ?digest=<digest> from the listing.",
+                route=route,
+                key=key,
+            )
+        digest = record_digest(route, "", key)
+    return KeyRef(digest, route, key)
+
+
+async def show(gateway: Gateway, ref: KeyRef) -> Record:
+    """The record `ref` names, or UnknownKey."""
+    record = await gateway.store.get(ref)
+    # A digest is the caller's to give: it must be this route's and this key's record.
+    if record is None or record.route != ref.route or record.key != ref.key:
+        raise UnknownKey(route=ref.route, key=ref.key)
+    return record
+
+
+async def stored_request(gateway: Gateway, record: Record) -> StoredRequest | None:
+    """A delivery's stored request as an operator may see it: without Authorization,
+    Proxy-Authorization or Cookie. None for a sync key, or once it settled."""
+    if not record.delivery:
+        return None
+    request = await gateway.store.get_request(KeyRef(record.digest, record.route, record.key))
+    if request is None:
+        return None
+    headers = tuple((k, v) for k, v in request.headers if k.lower() not in HIDDEN_HEADERS)
+    return dataclasses.replace(request, headers=headers)
+
+
+# -- changing --------------------------------------------------------------------------
+
+
+def permit(operator: Operator) -> None:
+    """Claims and resolves need the operator role; a viewer's is ViewerCannotAct."""
+    if operator.role is not Role.OPERATOR:
+        raise ViewerCannotAct(
+            f"{operator.name} is a viewer: they read keys. Claiming and resolving need "
+            "role: operator in admin.operators."
+        )
+
+
+async def claim(
+    gateway: Gateway, operator: Operator, ref: KeyRef, force: bool, client: Client
+) -> Record:
+    """Take the key for `operator`; with `force`, from another operator (a recorded
+    takeover). HeldByAnother names the holder otherwise."""
+    with _audited(gateway, operator, "claim", ref, client) as line:
+        permit(operator)
+        await show(gateway, ref)
+        claimed = await gateway.store.operator_claim(ref, _name(operator), force)
+        if not claimed.ok:
+            raise refusal(claimed, ref)
+        after = await show(gateway, ref)
+        taken = after.history[-1].get("takeover_from") if after.history else None
+        if taken:
+            line["takeover_from"] = taken
+        gateway.metrics.operator_action("claim", operator.role)
+        return after
+
+
+async def resolve(
+    gateway: Gateway,
+    operator: Operator,
+    ref: KeyRef,
+    outcome: str,
+    note: str,
+    response: Any,
+    client: Client,
+) -> Record:
+    """Decide a key `operator` holds: `done` (repeats get `response`, checked first,
+    or a 2xx saying an operator resolved it) or `retry` (the next request runs it; a
+    delivery is queued again)."""
+    with _audited(gateway, operator, f"resolve_{outcome}", ref, client):
+        permit(operator)
+        if outcome not in ("done", "retry"):
+            raise BadOutcome(
+                "done: it ran, and repeats get the response given (or a 2xx saying so); "
+                "retry: it did not run, and the next request runs it."
+            )
+        if not isinstance(note, str):
+            raise BadOperatorRequest("The note must be text.", field="note")
+        ttl, max_body = route_limits(gateway, ref.route)
+        given = response if outcome == "done" else None
+        if given is not None:
+            check_response(given, max_body, ref.route)
+        record = await show(gateway, ref)
+        name = _name(operator)
+        stored = operator_response(given, record, name) if outcome == "done" else None
+        resolved = await gateway.store.operator_resolve(ref, name, outcome, note, stored, ttl)
+        if not resolved.ok:
+            raise refusal(resolved, ref)
+        gateway.metrics.operator_action(f"resolve_{outcome}", operator.role)
+        return await show(gateway, ref)
+
+
+def _name(operator: Operator) -> str:
+    if not operator.name:  # the shared token's, before `acting` was told a name
+        return operator.acting(None).recorded
+    return operator.recorded
+
+
+class _audited:
+    """One log line per action, whatever its result: who, role, what, route, key,
+    client, and `refused` (the problem's slug) if it was refused. The key is shown as
+    the access log shows it (a hash on routes with sensitive_keys)."""
+
+    def __init__(
+        self, gateway: Gateway, operator: Operator, action: str, ref: KeyRef, client: Client
+    ) -> None:
+        config = route_config(gateway, ref.route)
+        hashed = config is not None and config.sensitive_keys
+        self.fields: dict[str, Any] = {
+            "operator": operator.recorded,
+            "role": str(operator.role),
+            "via": operator.via,
+            "action": action,
+            "route": ref.route,
+            "key": shown_key(ref.key, hashed),
+            "client": client if client in CLIENTS else "api",
+        }
+
+    def __enter__(self) -> dict[str, Any]:
+        return self.fields
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if exc is not None and not isinstance(exc, OperatorRefusal):
+            return  # a store that failed: the caller gets 503; nothing was decided
+        if isinstance(exc, OperatorRefusal):
+            self.fields["refused"] = exc.slug
+        fields = self.fields
+        what = f"refused {fields['action']} ({fields['refused']})" if exc else fields["action"]
+        log.info(
+            "operator %s (%s, via %s, %s) %s: route %s key %s",
+            fields["operator"],
+            fields["role"],
+            fields["via"],
+            fields["client"],
+            what,
+            fields["route"],
+            fields["key"],
+            extra={"fields": fields},
+        )
+
+
+def refusal(result: OperatorResult, ref: KeyRef) -> OperatorRefusal:
+    """What the store's refusal of a claim or resolve means to the operator."""
+    if result.refused == "missing":
+        return UnknownKey(route=ref.route, key=ref.key)
+    if result.refused == "held":
+        return HeldByAnother(
+            f"{result.holder} holds it since {result.holder_since_ms} (ms since epoch). "
+            'Send "force": true to take it over; the takeover is recorded.',
+            holder=result.holder,
+            holder_since_ms=result.holder_since_ms,
+            route=ref.route,
+            key=ref.key,
+        )
+    if result.refused == "holder":
+        return NotTheHolder(
+            f"{result.holder} holds it; claim it first.",
+            holder=result.holder,
+            route=ref.route,
+            key=ref.key,
+        )
+    return InvalidTransition(
+        f"The key is {result.state}.", state=result.state, route=ref.route, key=ref.key
+    )
