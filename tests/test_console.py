@@ -19,6 +19,7 @@ import re
 import signal
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote
 
@@ -47,6 +48,7 @@ from tests.support.servers import Process
 pytestmark = [pytest.mark.browser, pytest.mark.process, pytest.mark.redis]
 
 expect.set_options(timeout=WAIT_MS)
+
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory, upstream: Process) -> Iterator[Site]:
@@ -156,7 +158,7 @@ def test_two_operators_on_two_replicas_hand_a_parked_key_over(
     assert "Claimed by alice" in texts[3]
     assert "Taken over from alice by bob" in texts[4]
     assert "Resolved done by bob" in texts[5] and f"Note: {HOSTILE_NOTE}" in texts[5]
-    assert "upstream" in texts[1]  # why the outcome is unknown
+    assert "no complete answer within 0.5s" in texts[1]  # why the outcome is unknown
     assert_clean(alice_tab, bob_tab)
 
 
@@ -180,8 +182,13 @@ def test_a_viewer_sees_everything_and_has_no_action_buttons(
         expect(page.locator("ol.timeline li")).not_to_have_count(0)
         expect(page.locator("#actions")).to_contain_text("You are signed in as a viewer")
         for action in ("claim", "resolve", "takeover"):
-            assert page.locator(f"[action*='/console/{action}'], [href*='/console/{action}']").count() == 0
-        expect(page.get_by_role("button", name=re.compile("Claim|Resolve|take it over"))).to_have_count(0)
+            assert (
+                page.locator(f"[action*='/console/{action}'], [href*='/console/{action}']").count()
+                == 0
+            )
+        expect(
+            page.get_by_role("button", name=re.compile("Claim|Resolve|take it over"))
+        ).to_have_count(0)
         page.go_back()
     # Her session is good and her form would be well made: the post is still refused.
     before = frozen(site.record("charge", parked))
@@ -254,9 +261,10 @@ def test_the_console_fits_a_phone_and_a_desktop(site: Site, tabs: Callable[..., 
             else:
                 page.goto(site.replicas[0].admin + path)
             # Nothing wider than the screen but a table, which scrolls in its own box.
-            assert page.evaluate(
-                "document.documentElement.scrollWidth <= window.innerWidth"
-            ), (viewport, path)
+            assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), (
+                viewport,
+                path,
+            )
             # Tables have headings; every field a person fills in has a label.
             unlabelled = page.evaluate(
                 """Array.from(document.querySelectorAll('input, select, textarea'))
@@ -289,12 +297,16 @@ class _Forms(html.parser.HTMLParser):
         self.inline += [f"{tag} {n}=" for n in names if n == "style" or n.startswith("on")]
 
 
-def signed_in_client(replica: Replica, name: str) -> httpx.Client:
-    client = httpx.Client(base_url=replica.admin, headers={"Origin": replica.admin}, timeout=10)
-    answer = client.post("/console/signin", data={"token": TOKENS[name], "next": "/console/"})
-    assert answer.status_code == 303, answer.text
-    assert COOKIE in client.cookies
-    return client
+@contextmanager
+def signed_in_client(replica: Replica, name: str) -> Iterator[httpx.Client]:
+    """An httpx client with `name`'s session cookie, sending the console's Origin."""
+    headers = {"Origin": replica.admin}
+    with httpx.Client(base_url=replica.admin, headers=headers, timeout=10) as client:
+        answer = client.post("/console/signin", data={"token": TOKENS[name], "next": "/console/"})
+        assert answer.status_code == 303, answer.text
+        assert answer.headers["location"] == "/console/"
+        assert COOKIE in client.cookies
+        yield client
 
 
 def csrf_of(client: httpx.Client, route: str, key: str) -> str:
@@ -346,9 +358,10 @@ def test_every_page_sends_the_strict_csp_and_has_no_inline_script_or_style(site:
     assert "/admin/openapi.json" in pages["overview"].text
 
 
-def forged_cases(replica: Replica, key: str) -> dict[str, Callable[[], httpx.Response]]:
-    """Claims of `key` by alice, each with one thing wrong."""
-    good = signed_in_client(replica, "alice")
+def forged_cases(
+    replica: Replica, good: httpx.Client, key: str
+) -> dict[str, Callable[[], httpx.Response]]:
+    """Claims of `key` by alice (signed in on `good`), each with one thing wrong."""
     token = csrf_of(good, "charge", key)
     cookie = good.cookies[COOKIE]
     session_of = good.get("/console/")  # the session is good: the page shows alice
@@ -400,7 +413,8 @@ def test_forged_posts_are_refused_and_change_nothing(site: Site) -> None:
     key = unique("forged")
     site.park(key)
     replica = site.replicas[0]
-    cases = forged_cases(replica, key)
+    with signed_in_client(replica, "alice") as alice:
+        cases = forged_cases(replica, alice, key)
     good = cases.pop("the good post")
     before = frozen(site.record("charge", key))
     statuses = {}
@@ -427,23 +441,28 @@ def test_removing_an_operator_signs_them_out(site: Site, upstream: Process) -> N
     site.park(key)
     replica = start_replica(site.tmp, config(site.redis, upstream, ["alice", "carol"], 0))
     try:
-        carol = signed_in_client(replica, "carol")
-        token = csrf_of(carol, "charge", key)
-        before = frozen(site.record("charge", key))
-        doc = replica.doc
-        doc["admin"]["operators"] = [o for o in doc["admin"]["operators"] if o["name"] != "carol"]
-        replica.write(doc)
-        replica.process.signal(signal.SIGHUP)
-        replica.process.wait_for_output("config reloaded")
-        page = carol.get("/console/")
-        assert page.status_code == 303 and "/console/signin" in page.headers["location"]
-        answer = carol.post("/console/claim", data=ref_form("charge", key, token))
-        assert answer.status_code == 401, answer.text
-        assert "carol is no longer an operator" in answer.text
-        assert frozen(site.record("charge", key)) == before
-        refresh = carol.get("/console/keys/rows")
-        assert refresh.status_code == 401  # the live refresh stops, and says so
-        carol.close()
+        with signed_in_client(replica, "carol") as carol:
+            token = csrf_of(carol, "charge", key)
+            cookie = {"Cookie": f"{COOKIE}={carol.cookies[COOKIE]}"}
+            carol.cookies.clear()
+            before = frozen(site.record("charge", key))
+            doc = replica.doc
+            operators = doc["admin"]["operators"]
+            doc["admin"]["operators"] = [o for o in operators if o["name"] != "carol"]
+            replica.write(doc)
+            replica.process.signal(signal.SIGHUP)
+            replica.process.wait_for_output("config reloaded")
+            form = ref_form("charge", key, token)
+            answer = carol.post("/console/claim", data=form, headers=cookie)
+            assert answer.status_code == 401, answer.text
+            assert "carol is no longer an operator" in answer.text
+            assert "Nothing was changed" in answer.text
+            assert frozen(site.record("charge", key)) == before
+            page = carol.get("/console/", headers=cookie)
+            assert page.status_code == 303 and "/console/signin" in page.headers["location"]
+            assert "Max-Age=0" in page.headers["set-cookie"]  # the dead cookie is removed
+            refresh = carol.get("/console/keys/rows", headers=cookie)
+            assert refresh.status_code == 401  # the live refresh stops, and says so
         # alice, still listed, is not signed out by it
         with signed_in_client(replica, "alice") as alice:
             assert alice.get("/console/").status_code == 200

@@ -23,10 +23,11 @@ from gateway.console.access import (
     gateway_of,
     posted_form,
     poster,
+    scheme_of,
     secret_of,
 )
 from gateway.console.rendering import PREFIX, key_url, page
-from gateway.console.session import issue
+from gateway.console.session import clearing_header, issue
 from gateway.console.wording import Refusal, refusal_for
 from gateway.errors import BadOperatorRequest, BadResponse, OperatorRefusal
 from gateway.records import KeyRef, State
@@ -65,9 +66,7 @@ async def signin(request: Request) -> Response:
 async def signout(request: Request) -> Response:
     await poster(request)
     response = RedirectResponse(f"{PREFIX}/signin?notice=signed_out", 303)
-    response.headers.append(
-        "set-cookie", pages.clearing_header(pages.scheme_of(request) == "https")
-    )
+    response.headers.append("set-cookie", clearing_header(scheme_of(request) == "https"))
     return response
 
 
@@ -167,4 +166,3 @@ async def resolve(request: Request) -> Response:
         return await _refused(request, who, ref, exc)
     notice = f"resolved_{outcome}"
     return RedirectResponse(key_url(ref.route, ref.key, ref.digest) + f"&notice={notice}", 303)
-

@@ -29,7 +29,7 @@ from gateway.console.timeline import timeline
 from gateway.console.wording import Refusal, notice_for, refusal_for
 from gateway.errors import BadFilter, OperatorRefusal, Unauthorized
 from gateway.operators import Role
-from gateway.records import Record, State
+from gateway.records import KeyRef, Record, State
 
 #: What the keys page shows when no state is ticked: the keys that wait for a person.
 DEFAULT_STATES = ("unresolved", "parked", "claimed")
@@ -82,7 +82,9 @@ async def _rows(request: Request) -> tuple[dict[str, Any], int]:
         refusal = refusal_for(exc)
     else:
         rows = await actions.list_keys(gateway, wanted, route or None, age)
-    query = urlencode([("state", s) for s in states] + [("route", route), ("older_than", older_than)])
+    query = urlencode(
+        [("state", s) for s in states] + [("route", route), ("older_than", older_than)]
+    )
     context = {
         "rows": rows,
         "read_ms": rows[0].now_ms if rows else 0,
@@ -113,7 +115,7 @@ async def keys_rows(request: Request) -> Response:
     return page(request, "keys_table.html", rows, status)
 
 
-def ref_of(request: Request, source: dict[str, str] | None = None) -> actions.KeyRef:
+def ref_of(request: Request, source: dict[str, str] | None = None) -> KeyRef:
     """The record a page or form names: route, key and digest (from a listing)."""
     given = source if source is not None else dict(request.query_params)
     return actions.locate(
@@ -199,9 +201,7 @@ def signed_out(request: Request, why: str) -> Response:
     """A page asked for without a session: to the sign-in form, and back after it. A
     cookie that is no longer good is removed."""
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    response: Response = RedirectResponse(
-        f"{PREFIX}/signin?" + urlencode({"next": target}), 303
-    )
+    response: Response = RedirectResponse(f"{PREFIX}/signin?" + urlencode({"next": target}), 303)
     if request.method == "POST":
         # A post is not repeated after signing in: its page is the one to go back to.
         context = base(None) | {"next": PREFIX + "/"}

@@ -18,7 +18,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Dialog, Page, sync_playwright
+from playwright.sync_api import (
+    Browser,
+    BrowserContext,
+    ConsoleMessage,
+    Dialog,
+    Page,
+    Response,
+    sync_playwright,
+)
 
 CHROMIUM = os.environ.get("CONSOLE_CHROMIUM", "/usr/bin/chromium")
 DESKTOP = {"width": 1280, "height": 800}
@@ -40,6 +48,16 @@ class Tab:
     def on_dialog(self, dialog: Dialog) -> None:
         self.dialogs.append(f"{dialog.type}: {dialog.message}")
         dialog.dismiss()
+
+    def on_console(self, message: ConsoleMessage) -> None:
+        # A page answered 4xx (a refusal is a page too) is logged as "Failed to load
+        # resource"; what matters of those is on_response's: no part of a page failed.
+        if message.type == "error" and not message.text.startswith("Failed to load resource"):
+            self.errors.append(f"console: {message.text}")
+
+    def on_response(self, response: Response) -> None:
+        if response.status >= 400 and response.request.resource_type != "document":
+            self.errors.append(f"{response.status} for {response.url}")
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +84,8 @@ def tabs(browser: Browser) -> Iterator[Callable[..., Tab]]:
         tab = Tab(context, context.new_page())
         tab.page.on("dialog", tab.on_dialog)
         tab.page.on("pageerror", lambda error: tab.errors.append(f"pageerror: {error}"))
-        tab.page.on(
-            "console",
-            lambda message: tab.errors.append(f"console: {message.text}")
-            if message.type == "error"
-            else None,
-        )
+        tab.page.on("console", tab.on_console)
+        tab.page.on("response", tab.on_response)
         opened.append(tab)
         return tab
 
