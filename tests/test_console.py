@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import expect
 
 from gateway.console import csrf
 from gateway.console.rendering import CSP
@@ -40,7 +40,9 @@ from tests.support.console_site import (
     Replica,
     Site,
     config,
+    key_row,
     running_site,
+    sign_in,
     start_replica,
 )
 from tests.support.servers import Process
@@ -64,21 +66,6 @@ def frozen(doc: dict[str, Any]) -> dict[str, Any]:
 # -- signing in, in a browser -----------------------------------------------------------
 
 
-def sign_in(tab: Tab, replica: Replica, name: str) -> Page:
-    page = tab.page
-    page.goto(replica.admin + "/console/")
-    expect(page).to_have_url(re.compile(r"/console/signin\?next="))
-    page.get_by_label("Operator token").fill(TOKENS[name])
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.locator(".me")).to_have_text(name)
-    expect(page.get_by_role("heading", name="Overview")).to_be_visible()
-    return page
-
-
-def key_row(page: Page, key: str) -> Any:
-    return page.locator("tr", has=page.get_by_role("link", name=key, exact=True))
-
-
 def assert_clean(*tabs: Tab) -> None:
     """No dialog opened (an injected alert() would be one), no script error, no
     console error (a CSP violation is one: the console's own pages must cause none)."""
@@ -94,7 +81,7 @@ def test_two_operators_on_two_replicas_hand_a_parked_key_over(
     site.park(key)
     a, b = site.replicas
     alice_tab, bob_tab = tabs(), tabs()
-    alice, bob = sign_in(alice_tab, a, "alice"), sign_in(bob_tab, b, "bob")
+    alice, bob = sign_in(alice_tab.page, a, "alice"), sign_in(bob_tab.page, b, "bob")
 
     # Bob watches the list on replica B; it is never reloaded from here on.
     bob.goto(b.admin + "/console/keys?route=charge")
@@ -171,7 +158,7 @@ def test_a_viewer_sees_everything_and_has_no_action_buttons(
     with site.api("alice") as api:
         assert api.post(f"/admin/keys/charge/{held}/claim", json={}).status_code == 200
     tab = tabs()
-    page = sign_in(tab, site.replicas[1], "vera")
+    page = sign_in(tab.page, site.replicas[1], "vera")
     expect(page.locator(".who")).to_contain_text("(viewer)")
     page.goto(site.replicas[1].admin + "/console/keys?route=charge")
     expect(key_row(page, parked)).to_contain_text("parked")
@@ -211,7 +198,7 @@ def test_a_hostile_key_note_and_header_show_as_text_and_run_nothing(
         {"Authorization": "Bearer caller-secret-token", "X-Shown": HOSTILE},
     )
     tab = tabs()
-    page = sign_in(tab, site.replicas[0], "alice")
+    page = sign_in(tab.page, site.replicas[0], "alice")
     page.goto(site.replicas[0].admin + "/console/keys?state=parked")
     link = page.get_by_role("link", name=HOSTILE, exact=True)
     expect(link).to_have_count(1)
@@ -254,7 +241,7 @@ def test_the_console_fits_a_phone_and_a_desktop(site: Site, tabs: Callable[..., 
     site.park(key)
     for viewport in (None, PHONE):
         tab = tabs(viewport)
-        page = sign_in(tab, site.replicas[0], "alice")
+        page = sign_in(tab.page, site.replicas[0], "alice")
         for path in ("/console/", "/console/keys", None):
             if path is None:
                 page.get_by_role("link", name=key, exact=True).click()
@@ -426,6 +413,12 @@ def test_forged_posts_are_refused_and_change_nothing(site: Site) -> None:
     signed_out = {"expired cookie", "tampered cookie (name)", "tampered cookie (mac)"}
     signed_out.add("cookie signed with another secret")
     assert statuses == {name: 401 if name in signed_out else 403 for name in cases}, statuses
+    # A sign-in has no session to be tied to: its Origin is what it is checked by.
+    for origin in ({}, {"Origin": "http://evil.example"}):
+        with httpx.Client(base_url=replica.admin, headers=origin, timeout=10) as client:
+            answer = client.post("/console/signin", data={"token": TOKENS["alice"]})
+        assert answer.status_code == 403, answer.text
+        assert "set-cookie" not in answer.headers
     # The same post with nothing wrong is taken: the refusals above were the forgery's.
     answer = good()
     assert answer.status_code == 303, answer.text

@@ -21,6 +21,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.templating import Jinja2Templates
 
+from gateway.console.timeline import fields
+
 PREFIX = "/console"
 
 CSP = "; ".join(
@@ -92,7 +94,7 @@ def environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, iso=iso, age=age)
+    env.filters.update(when=when, iso=iso, age=age, fields=fields)
     env.globals.update(key_url=key_url, prefix=PREFIX, now_ms=lambda: int(time.time() * 1000))
     return env
 

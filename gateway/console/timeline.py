@@ -50,9 +50,17 @@ class Entry:
     details: tuple[tuple[str, str], ...]
 
 
-def _text(value: Any) -> str:
+def fields(value: Any) -> str:
+    """A value as a person reads it: a mapping as `name value, ...` (unset ones left
+    out), anything else as its text (or JSON)."""
     if isinstance(value, str):
         return value
+    if isinstance(value, dict):
+        return ", ".join(
+            f"{str(k).replace('_', ' ')} {fields(v)}"
+            for k, v in sorted(value.items())
+            if v not in (None, "")
+        )
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
@@ -71,7 +79,7 @@ def entry(event: dict[str, Any]) -> Entry:
     if name == "completed" and event.get("origin") not in (None, "upstream"):
         what = f"Completed ({event['origin']})"
     details = tuple(
-        (field.replace("_", " "), _VIA.get(str(value), _text(value)))
+        (field.replace("_", " "), _VIA.get(str(value), fields(value)))
         for field, value in event.items()
         if field not in _SHOWN and value not in (None, "")
     )

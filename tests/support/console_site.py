@@ -9,6 +9,7 @@ delivery whose one attempt the upstream refuses (parked).
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from urllib.parse import quote
 
 import httpx
 import yaml
+from playwright.sync_api import Page, expect
 
 from tests.support.browser import WAIT_MS
 from tests.support.servers import Process, RedisServer, free_port, gateway_process
@@ -180,3 +182,19 @@ def running_site(tmp: Path, upstream: Process, replicas: int = 2) -> Iterator[Si
         for replica in started:
             replica.process.stop()
         redis.stop()
+
+
+def sign_in(page: Page, replica: Replica, name: str) -> Page:
+    """`name` signs in through the console's form, as a person would."""
+    page.goto(replica.admin + "/console/")
+    expect(page).to_have_url(re.compile(r"/console/signin\?next="))
+    page.get_by_label("Operator token").fill(TOKENS[name])
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator(".me")).to_have_text(name)
+    expect(page.get_by_role("heading", name="Overview")).to_be_visible()
+    return page
+
+
+def key_row(page: Page, key: str) -> Any:
+    """The keys table's row of `key` (found by its link, so a hostile key matches as text)."""
+    return page.locator("tr", has=page.get_by_role("link", name=key, exact=True))
