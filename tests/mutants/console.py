@@ -4,7 +4,7 @@ browsers and gateway processes) and tests/test_console_session.py."""
 from tests.mutants import Mutant
 
 C = "tests/test_console.py::"
-S = "tests/test_console_session.py::"
+S = "tests/test_console_parts.py::"
 
 MUTANTS = [
     Mutant(
