@@ -319,9 +319,8 @@ async def test_resolving_done_needs_a_note_and_a_replayable_response(console: Co
             )
             assert answer.status_code == status, (name, answer.text)
             assert words in answer.text, (name, answer.text)
-            assert await console.record(ref) == replace(
-                before, now_ms=(await console.record(ref)).now_ms
-            )
+            after = await console.record(ref)
+            assert after == replace(before, now_ms=after.now_ms), name
         done = await alice.post(
             "/console/resolve",
             data=form(
@@ -363,3 +362,23 @@ async def test_without_a_secret_the_console_says_what_to_set(console: Console) -
         answer = await client.get("/console/signin")
     assert answer.status_code == 503
     assert "admin.session_secret_env" in answer.text
+
+
+@pytest.mark.anyio
+async def test_the_cookie_is_secure_when_a_trusted_proxy_says_https(console: Console) -> None:
+    https = {"X-Forwarded-Proto": "https", "Origin": "https://admin"}
+    data = {"token": TOKENS["alice"]}
+    async with console.client("10.0.0.5") as proxied, console.client("192.0.2.7") as direct:
+        behind_tls = await proxied.post("/console/signin", data=data, headers=https)
+        assert behind_tls.status_code == 303, behind_tls.text
+        assert behind_tls.headers["set-cookie"].endswith("; Secure")
+        # The browser's Origin says http: through that proxy, the console is https.
+        mixed = await proxied.post(
+            "/console/signin", data=data, headers={"X-Forwarded-Proto": "https"}
+        )
+        assert mixed.status_code == 403
+        # Anyone else's X-Forwarded-Proto is theirs: believed from no one but the proxies.
+        plain = await direct.post(
+            "/console/signin", data=data, headers={"X-Forwarded-Proto": "https"}
+        )
+        assert plain.status_code == 303 and "Secure" not in plain.headers["set-cookie"]
