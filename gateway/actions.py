@@ -227,15 +227,31 @@ def permit(operator: Operator) -> None:
         )
 
 
+def may(gateway: Gateway, operator: Operator, action: str, ref: KeyRef, client: Client) -> None:
+    """`permit`, logged when refused: for a caller that checks the role before it
+    reads what the action is to be (the API, before a request's body)."""
+    with _audited(gateway, operator, action, ref, client, only_refusals=True):
+        permit(operator)
+
+
 async def claim(
-    gateway: Gateway, operator: Operator, ref: KeyRef, force: bool, client: Client
+    gateway: Gateway,
+    operator: Operator,
+    ref: KeyRef,
+    force: bool,
+    client: Client,
+    *,
+    given: object = None,
 ) -> Record:
     """Take the key for `operator`; with `force`, from another operator (a recorded
-    takeover). HeldByAnother names the holder otherwise."""
+    takeover). HeldByAnother names the holder otherwise. `given` is the name the
+    request gave, if any (`Operator.acting`: the shared token's name, or a check)."""
     with _audited(gateway, operator, "claim", ref, client) as line:
         permit(operator)
+        operator = operator.acting(given)
+        line["operator"] = operator.recorded
         await show(gateway, ref)
-        claimed = await gateway.store.operator_claim(ref, _name(operator), force)
+        claimed = await gateway.store.operator_claim(ref, operator.recorded, force)
         if not claimed.ok:
             raise refusal(claimed, ref)
         after = await show(gateway, ref)
@@ -254,12 +270,16 @@ async def resolve(
     note: str,
     response: Any,
     client: Client,
+    *,
+    given: object = None,
 ) -> Record:
     """Decide a key `operator` holds: `done` (repeats get `response`, checked first,
     or a 2xx saying an operator resolved it) or `retry` (the next request runs it; a
-    delivery is queued again)."""
-    with _audited(gateway, operator, f"resolve_{outcome}", ref, client):
+    delivery is queued again). `given` as for `claim`."""
+    with _audited(gateway, operator, f"resolve_{outcome}", ref, client) as line:
         permit(operator)
+        operator = operator.acting(given)
+        line["operator"] = operator.recorded
         if outcome not in ("done", "retry"):
             raise BadOutcome(
                 "done: it ran, and repeats get the response given (or a 2xx saying so); "
@@ -268,23 +288,17 @@ async def resolve(
         if not isinstance(note, str):
             raise BadOperatorRequest("The note must be text.", field="note")
         ttl, max_body = route_limits(gateway, ref.route)
-        given = response if outcome == "done" else None
-        if given is not None:
-            check_response(given, max_body, ref.route)
+        answer = response if outcome == "done" else None
+        if answer is not None:
+            check_response(answer, max_body, ref.route)
         record = await show(gateway, ref)
-        name = _name(operator)
-        stored = operator_response(given, record, name) if outcome == "done" else None
+        name = operator.recorded
+        stored = operator_response(answer, record, name) if outcome == "done" else None
         resolved = await gateway.store.operator_resolve(ref, name, outcome, note, stored, ttl)
         if not resolved.ok:
             raise refusal(resolved, ref)
         gateway.metrics.operator_action(f"resolve_{outcome}", operator.role)
         return await show(gateway, ref)
-
-
-def _name(operator: Operator) -> str:
-    if not operator.name:  # the shared token's, before `acting` was told a name
-        return operator.acting(None).recorded
-    return operator.recorded
 
 
 class _audited:
@@ -293,8 +307,15 @@ class _audited:
     the access log shows it (a hash on routes with sensitive_keys)."""
 
     def __init__(
-        self, gateway: Gateway, operator: Operator, action: str, ref: KeyRef, client: Client
+        self,
+        gateway: Gateway,
+        operator: Operator,
+        action: str,
+        ref: KeyRef,
+        client: Client,
+        only_refusals: bool = False,
     ) -> None:
+        self.only_refusals = only_refusals
         config = route_config(gateway, ref.route)
         hashed = config is not None and config.sensitive_keys
         self.fields: dict[str, Any] = {
@@ -311,6 +332,8 @@ class _audited:
         return self.fields
 
     def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None and self.only_refusals:
+            return  # `may`: the action's own line follows
         if exc is not None and not isinstance(exc, OperatorRefusal):
             return  # a store that failed: the caller gets 503; nothing was decided
         if isinstance(exc, OperatorRefusal):

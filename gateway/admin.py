@@ -192,33 +192,34 @@ async def show_key(request: Request) -> Response:
 
 async def claim_key(request: Request) -> Response:
     gateway, operator = authenticate(request)
-    actions.permit(operator)  # before the body: a viewer's claim is 403, whatever it says
+    ref, client = _ref(gateway, request), client_of(request)
+    actions.may(gateway, operator, "claim", ref, client)  # a viewer's: 403, whatever the body
     body = await _json_body(request, _MAX_ADMIN_BODY)
     force = body.get("force", False)
     if not isinstance(force, bool):
         raise BadOperatorRequest("force is true or false.", field="force")
-    acting = operator.acting(body.get("operator"))
-    ref = _ref(gateway, request)
-    record = await actions.claim(gateway, acting, ref, force, client_of(request))
+    named = body.get("operator")
+    record = await actions.claim(gateway, operator, ref, force, client, given=named)
     return JSONResponse(record.to_json())
 
 
 async def resolve_key(request: Request) -> Response:
     gateway, operator = authenticate(request)
-    actions.permit(operator)
-    _, max_body = actions.route_limits(gateway, request.path_params["route"])
+    ref, client = _ref(gateway, request), client_of(request)
+    actions.may(gateway, operator, "resolve", ref, client)
+    _, max_body = actions.route_limits(gateway, ref.route)
     # Room for the response body written as JSON text at its most escaped (\u0000).
     body = await _json_body(request, 6 * max_body + _MAX_ADMIN_BODY)
-    acting = operator.acting(body.get("operator"))
     note, outcome = body.get("note"), body.get("outcome")
     record = await actions.resolve(
         gateway,
-        acting,
-        _ref(gateway, request),
+        operator,
+        ref,
         outcome if isinstance(outcome, str) else "",  # anything else: BadOutcome
         "" if note is None else note,
         body.get("response"),
-        client_of(request),
+        client,
+        given=body.get("operator"),
     )
     return JSONResponse(record.to_json())
 

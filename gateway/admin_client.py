@@ -1,8 +1,14 @@
 """`idempotency-gateway keys ...`: the operator API from a terminal.
 
 A client of the admin listener (stdlib HTTP: nothing to install on an operator's
-laptop beyond the package). The token comes from GATEWAY_ADMIN_TOKEN, never from a
-flag, so it stays out of shell history.
+laptop beyond the package), doing what the console does: `overview`, `list` (by
+state, route, age), `show` (the record and its history as a timeline), `claim`
+(`--force` takes it over), `resolve done|retry` (a note, a response to replay),
+`retry`, and `whoami`; `--json` prints the API's JSON. The token comes from the
+environment, never from a flag, so it stays out of shell history:
+GATEWAY_OPERATOR_TOKEN (your own, from admin.operators), else GATEWAY_ADMIN_TOKEN
+(the shared one). With your own token the record keeps your name; with the shared
+one, `--operator` (default $USER), marked "(shared token)".
 """
 
 from __future__ import annotations
@@ -17,6 +23,11 @@ import urllib.request
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from gateway.records import describe_event
+
+#: Sent as the User-Agent, so the gateway's log says the action came from the CLI.
+USER_AGENT = "idempotency-gateway-cli/1"
+
 
 class AdminClient:
     def __init__(self, base_url: str, token: str) -> None:
@@ -30,6 +41,7 @@ class AdminClient:
         except ValueError as exc:  # not a URL at all
             raise Unreachable(f"{self.base_url!r} is not an http(s) URL: {exc}") from None
         request.add_header("Authorization", f"Bearer {self.token}")
+        request.add_header("User-Agent", USER_AGENT)
         if data is not None:
             request.add_header("Content-Type", "application/json")
         try:
@@ -100,18 +112,59 @@ def _print_record(doc: dict[str, Any]) -> None:
         print(f"attempts: {delivery['attempts']}" + (f", next {_when(due)}" if due else ""))
         if delivery.get("last_attempt"):
             print(f"last attempt: {json.dumps(delivery['last_attempt'])}")
+    response = doc.get("response")
+    if response and "status" in response:
+        omitted = ", body omitted" if response.get("body_omitted") else ""
+        print(f"response: {response['status']} (from the {response['origin']}{omitted})")
+    elif response:
+        print(f"response: unreadable: {response.get('unreadable')}")
+    if doc.get("request"):
+        request = doc["request"]
+        print(f"request:  {request['method']} {request['target']}")
+        for name, value in request["headers"]:
+            print(f"  {name}: {value}")
     print("history:")
     for event in doc.get("history", []):
-        details = ", ".join(f"{k}={v}" for k, v in event.items() if k not in ("at_ms", "event"))
-        print(
-            f"  {_when(event['at_ms'])}  {event['event']}" + (f"  ({details})" if details else "")
-        )
+        print(f"  {_when(event['at_ms'])}  {describe_event(event)}")
+
+
+def _print_overview(doc: dict[str, Any]) -> None:
+    store = doc["store"]
+    print("store: " + ("reachable" if store["reachable"] else f"unreachable: {store['error']}"))
+    states = ("unresolved", "parked", "claimed")
+    rows = []
+    for row in doc["routes"]:
+        keys, queue = row["keys"] or {}, row["queue"]
+        cells = [row["route"] + ("" if row["configured"] else " (not configured)")]
+        for state in states:
+            figures = keys.get(state)
+            if figures is None:  # the store did not answer
+                cells.append("?")
+            elif figures["count"]:
+                cells.append(f"{figures['count']} ({_age(figures['oldest_age_seconds'])})")
+            else:
+                cells.append("0")
+        cells.append(f"{queue['queued']}" if queue else "-")
+        cells.append(f"{queue['retrying']}" if queue else "-")
+        since = row["last_success_age_seconds"]
+        cells.append("never (here)" if since is None else f"{_age(since)} ago")
+        rows.append(cells)
+    header = ["ROUTE", "UNRESOLVED", "PARKED", "CLAIMED", "QUEUED", "RETRYING", "LAST SUCCESS"]
+    print(_table(rows, header))
+
+
+def _token() -> str:
+    return os.environ.get("GATEWAY_OPERATOR_TOKEN") or os.environ.get("GATEWAY_ADMIN_TOKEN", "")
 
 
 def run(args: argparse.Namespace) -> int:
-    token = os.environ.get("GATEWAY_ADMIN_TOKEN", "")
+    token = _token()
     if not token:
-        print("error: set GATEWAY_ADMIN_TOKEN to the admin token", file=sys.stderr)
+        print(
+            "error: set GATEWAY_OPERATOR_TOKEN to your operator token (admin.operators), "
+            "or GATEWAY_ADMIN_TOKEN to the shared admin.token",
+            file=sys.stderr,
+        )
         return 2
     try:
         return _run(args, AdminClient(args.admin_url, token))
@@ -120,26 +173,46 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
+def _named(args: argparse.Namespace, client: AdminClient) -> dict[str, Any]:
+    """The body's "operator": left out with a token of one's own (the gateway records
+    its name; one given must be it), the name to record with the shared token."""
+    if args.operator:
+        return {"operator": args.operator}
+    status, me = client.call("GET", "/admin/me")
+    if status == 200 and me.get("via") == "shared_token":
+        return {"operator": os.environ.get("USER", "")}
+    return {}
+
+
 def _run(args: argparse.Namespace, client: AdminClient) -> int:
     suffix = f"?digest={quote(args.digest)}" if getattr(args, "digest", None) else ""
-    if args.keys_command == "list":
+    command = args.keys_command
+    if command == "list":
         query = {"state": args.state}
         if args.route:
             query["route"] = args.route
         if args.older_than:
             query["older_than"] = args.older_than
         status, doc = client.call("GET", "/admin/keys?" + urlencode(query))
-    elif args.keys_command == "show":
+    elif command == "overview":
+        status, doc = client.call("GET", "/admin/overview")
+    elif command == "whoami":
+        status, doc = client.call("GET", "/admin/me")
+    elif command == "show":
         status, doc = client.call("GET", _key_path(args.route, args.key) + suffix)
-    elif args.keys_command == "retry":
+    elif command == "retry":
         status, doc = _retry(args, client, suffix)
-    elif args.keys_command == "claim":
-        body: dict[str, Any] = {"operator": args.operator, "force": args.force}
+    elif command == "claim":
+        body: dict[str, Any] = {**_named(args, client), "force": args.force}
         status, doc = client.call("POST", _key_path(args.route, args.key) + "/claim" + suffix, body)
     else:
-        body = {"operator": args.operator, "outcome": args.outcome, "note": args.note or ""}
+        body = {**_named(args, client), "outcome": args.outcome, "note": args.note or ""}
         if args.response:
-            body["response"] = json.loads(args.response)
+            try:
+                body["response"] = json.loads(args.response)
+            except ValueError as exc:
+                print(f"error: --response is not JSON: {exc}", file=sys.stderr)
+                return 2
         status, doc = client.call(
             "POST", _key_path(args.route, args.key) + "/resolve" + suffix, body
         )
@@ -147,36 +220,57 @@ def _run(args: argparse.Namespace, client: AdminClient) -> int:
         if args.json:
             print(json.dumps(doc, indent=2))
         else:
-            print(f"error {status}: {doc.get('title', '')}", file=sys.stderr)
-            if doc.get("detail"):
-                print(f"  {doc['detail']}", file=sys.stderr)
+            _print_problem(status, doc)
         return 1
     if args.json:
         print(json.dumps(doc, indent=2))
-    elif args.keys_command == "list":
-        rows = [
-            [
-                k["route"],
-                k["key"],
-                k["state"],
-                _age(k["state_age_seconds"]),
-                k.get("holder") or "",
-                k.get("reason") or "",
-                json.dumps(k["last_reconcile"]) if k.get("last_reconcile") else "",
-            ]
-            for k in doc["keys"]
-        ]
-        header = ["ROUTE", "KEY", "STATE", "FOR", "HOLDER", "REASON", "LAST CHECK"]
-        if any(k.get("attempts") is not None for k in doc["keys"]):  # deliveries listed
-            header[4:4] = ["ATTEMPTS", "NEXT"]
-            for row, k in zip(rows, doc["keys"], strict=True):
-                attempts, due = k.get("attempts"), k.get("next_attempt_ms")
-                row[4:4] = ["" if attempts is None else str(attempts), _when(due) if due else ""]
-        print(_table(rows, header))
-        print(f"\n{doc['count']} key(s)")
+    elif command == "list":
+        _print_list(doc)
+    elif command == "overview":
+        _print_overview(doc)
+    elif command == "whoami":
+        name = doc["name"] or "(the shared token: no name)"
+        print(f"{name}: {doc['role']}, via {doc['via'].replace('_', ' ')}")
     else:
         _print_record(doc)
     return 0
+
+
+def _print_problem(status: int, doc: dict[str, Any]) -> None:
+    print(f"error {status}: {doc.get('title', '')}", file=sys.stderr)
+    if str(doc.get("type", "")).endswith("/held-by-another-operator"):
+        # The API's detail speaks JSON ("force": true); the CLI's words are its flags.
+        print(
+            f"  {doc['holder']} holds it since {_when(doc.get('holder_since_ms'))}. "
+            "Take it over with --force; the takeover is recorded.",
+            file=sys.stderr,
+        )
+    elif doc.get("detail"):
+        print(f"  {doc['detail']}", file=sys.stderr)
+
+
+def _print_list(doc: dict[str, Any]) -> None:
+    rows = [
+        [
+            k["route"],
+            k["key"],
+            k["state"],
+            _age(k["state_age_seconds"]),
+            k.get("holder") or "",
+            _when(k.get("holder_since_ms")),
+            k.get("reason") or "",
+            json.dumps(k["last_reconcile"]) if k.get("last_reconcile") else "",
+        ]
+        for k in doc["keys"]
+    ]
+    header = ["ROUTE", "KEY", "STATE", "FOR", "HOLDER", "SINCE", "REASON", "LAST CHECK"]
+    if any(k.get("attempts") is not None for k in doc["keys"]):  # deliveries listed
+        header[4:4] = ["ATTEMPTS", "NEXT"]
+        for row, k in zip(rows, doc["keys"], strict=True):
+            attempts, due = k.get("attempts"), k.get("next_attempt_ms")
+            row[4:4] = ["" if attempts is None else str(attempts), _when(due) if due else ""]
+    print(_table(rows, header))
+    print(f"\n{doc['count']} key(s)")
 
 
 def _retry(args: argparse.Namespace, client: AdminClient, suffix: str) -> tuple[int, Any]:
@@ -184,11 +278,11 @@ def _retry(args: argparse.Namespace, client: AdminClient, suffix: str) -> tuple[
     `retry`: a parked delivery is queued again with fresh attempts, a sync key is freed
     for its caller's next request."""
     path = _key_path(args.route, args.key)
-    body: dict[str, Any] = {"operator": args.operator, "force": False}
-    status, doc = client.call("POST", path + "/claim" + suffix, body)
+    named = _named(args, client)
+    status, doc = client.call("POST", path + "/claim" + suffix, {**named, "force": False})
     if status >= 400:
         return status, doc
-    body = {"operator": args.operator, "outcome": "retry", "note": args.note or ""}
+    body = {**named, "outcome": "retry", "note": args.note or ""}
     return client.call("POST", path + "/resolve" + suffix, body)
 
 
@@ -211,7 +305,9 @@ def _shared_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
 
 
 def add_parser(sub: Any) -> None:
-    keys = sub.add_parser("keys", help="list, show, claim and resolve keys (operator API)")
+    keys = sub.add_parser(
+        "keys", help="overview, list, show, claim and resolve keys (the operator API)"
+    )
     _shared_options(keys, defaults=True)
     keys.set_defaults(func=run)
     shared = argparse.ArgumentParser(add_help=False)
@@ -225,6 +321,12 @@ def add_parser(sub: Any) -> None:
     )
     listing.add_argument("--route")
     listing.add_argument("--older-than", help="e.g. 10m")
+    actions.add_parser(
+        "overview",
+        help="per route: keys by state and the oldest's age, deliveries, last success",
+        parents=[shared],
+    )
+    actions.add_parser("whoami", help="who your token says you are", parents=[shared])
     for name, text in (
         ("show", "a key with its history"),
         ("claim", "take a key to work on"),
@@ -237,7 +339,9 @@ def add_parser(sub: Any) -> None:
         action.add_argument("--digest", help="for scoped routes: the digest from `keys list`")
         if name in ("claim", "resolve", "retry"):
             action.add_argument(
-                "--operator", default=os.environ.get("USER", ""), help="who you are"
+                "--operator",
+                help="with the shared token: the name to record (default $USER); with "
+                "your own token, leave it out",
             )
         if name == "claim":
             action.add_argument("--force", action="store_true", help="take it over (recorded)")

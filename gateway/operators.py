@@ -97,6 +97,7 @@ class Operators:
         if admin.token:
             self._tokens.append((_digest(admin.token), Operator("", Role.OPERATOR, "shared_token")))
         self.identity_header = admin.identity_header.lower()
+        self._header_name = admin.identity_header  # as configured, for messages
         self._proxies = admin.trusted_proxies
 
     @property
@@ -149,20 +150,20 @@ class Operators:
         if self.identity_header and self.trusts(client_host):
             names = _values(headers, self.identity_header)
             if len(names) > 1:
-                raise Unauthorized(f"The {self.identity_header} header is sent more than once.")
+                raise Unauthorized(f"The {self._header_name} header is sent more than once.")
             operator = self.by_name(names[0].strip(), "identity_header") if names else None
             if operator is not None:
                 return operator
             if names:
                 raise Unauthorized(
-                    f"The {self.identity_header} header names no operator of admin.operators."
+                    f"The {self._header_name} header names no operator of admin.operators."
                 )
         raise Unauthorized("Send Authorization: Bearer <your operator token>.")
 
 
 def _values(headers: Mapping[str, str], name: str) -> list[str]:
-    """Every value of a header: Starlette's Headers keeps repeats (getlist)."""
-    getlist = getattr(headers, "getlist", None)
+    """Every value of a header: Starlette's and httpx's Headers keep repeats."""
+    getlist = getattr(headers, "getlist", None) or getattr(headers, "get_list", None)
     if getlist is not None:
         return list(getlist(name))
     value = headers.get(name)

@@ -221,3 +221,39 @@ class Record:
             created = {"at_ms": self.created_ms, "event": "forwarded", "run_id": self.run_id}
         doc["history"] = sorted([*self.history, created], key=lambda e: int(e["at_ms"]))
         return doc
+
+
+def describe_event(event: dict[str, Any]) -> str:
+    """One history event in words, for a timeline (the console's and `keys show`'s):
+    who did what, and why, from the fields the store records with it."""
+    kind, get = str(event.get("event", "")), event.get
+    who = get("operator") or ""
+    if kind == "forwarded":
+        return f"forwarded to the upstream (run {get('run_id', '')})"
+    if kind == "accepted":
+        return "accepted for delivery (202)"
+    if kind == "unknown":
+        return f"outcome unknown: {get('reason', '')}"
+    if kind in ("parked", "released"):
+        return f"{kind}: {get('reason', '')}" if get("reason") else kind
+    if kind == "completed":
+        return f"completed (response from the {get('origin', 'upstream')})"
+    if kind == "reconcile":
+        answer = get("answer")
+        said = f"; it answered {json.dumps(answer)}" if answer not in (None, "", {}) else ""
+        return f"checked with the upstream: {get('result', '')}{said}"
+    if kind == "claimed":
+        if get("takeover_from"):
+            return f"taken over by {who} from {get('takeover_from')}"
+        return f"claimed by {who}"
+    if kind == "resolved":
+        note = f": {get('note')}" if get("note") else ""
+        return f"resolved {get('outcome', '')} by {who}{note}"
+    if kind == "attempt":
+        return f"delivery attempt {get('attempt', '')} (run {get('run_id', '')})"
+    if kind == "retry_scheduled":
+        attempt = get("attempt")
+        why = get("reason") or (attempt.get("result", "") if isinstance(attempt, dict) else "")
+        return "retry scheduled" + (f": {why}" if why else "")
+    details = ", ".join(f"{k}={v}" for k, v in event.items() if k not in ("at_ms", "event"))
+    return kind + (f" ({details})" if details else "")

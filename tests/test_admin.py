@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -37,6 +38,7 @@ from gateway.errors import (
     InvalidTransition,
     NotJsonObject,
     NotTheHolder,
+    NotYourName,
     OperatorApiDisabled,
     OperatorBodyTooLarge,
     OperatorRefusal,
@@ -44,8 +46,10 @@ from gateway.errors import (
     ProblemError,
     Unauthorized,
     UnknownKey,
+    ViewerCannotAct,
 )
 from gateway.keys import record_digest
+from gateway.logs import JsonFormatter, shown_key
 from gateway.operators import Operator, Role
 from gateway.records import KeyRef, Record, State, StoredRequest, StoredResponse
 from gateway.store.base import Store
@@ -65,6 +69,7 @@ OPERATORS = {
 ROUTE = "send-invoices"
 OTHER = "send-reminders"
 SCOPED = "tenant-jobs"
+SECRET = "card-charges"  # sensitive_keys: logs show a hash of its keys
 #: Nothing listens here: no test in this file forwards a request.
 NOWHERE = "http://127.0.0.1:9"
 MEMORY = pytest.mark.parametrize("store_kind", ["memory"])
@@ -77,6 +82,12 @@ ROUTES = [
         "match": {"methods": ["POST"], "path": "/jobs/t"},
         "key": {"body": "k", "scope": ["header.X-Tenant"]},
     },
+    {
+        "name": SECRET,
+        "match": {"methods": ["POST"], "path": "/jobs/c"},
+        "key": {"body": "k"},
+        "sensitive_keys": True,
+    },
 ]
 
 #: Ways to ask without the token (only `Authorization: Bearer <token>` counts).
@@ -84,6 +95,9 @@ BAD_AUTH: dict[str, dict[str, Any]] = {
     "none": {},
     "wrong": {"headers": {"Authorization": "Bearer not-the-token"}},
     "prefix": {"headers": {"Authorization": f"Bearer {TOKEN[:-1]}"}},
+    "named-prefix": {"headers": {"Authorization": "Bearer adm-alice-token-012345678"}},
+    # No admin.identity_header configured: nobody's header is believed.
+    "identity-header": {"headers": {"X-Auth-Request-User": "alice"}},
     "no-scheme": {"headers": {"Authorization": TOKEN}},
     "basic-scheme": {"headers": {"Authorization": f"Basic {TOKEN}"}},
     "query": {"params": {"token": TOKEN, "access_token": TOKEN}},
@@ -313,6 +327,202 @@ async def test_without_a_token_the_operator_api_is_disabled_and_probes_stay_on(
     config = api.gateway.config
     api.gateway.reload(replace(config, admin=replace(config.admin, token=TOKEN)))
     assert (await api.shared.get(path(ref))).status_code == 200
+
+
+# -- who: named operators, roles, the shared token ----------------------------------
+
+
+async def test_me_says_who_and_how(admin_for: Callable[..., Any]) -> None:
+    api: Admin = await admin_for()
+    assert (await api.http.get("/admin/me")).json() == {
+        "name": "alice",
+        "role": "operator",
+        "via": "token",
+    }
+    assert (await api.as_("vera").get("/admin/me")).json()["role"] == "viewer"
+    assert (await api.shared.get("/admin/me")).json() == {
+        "name": "",
+        "role": "operator",
+        "via": "shared_token",
+    }
+
+
+@MEMORY
+async def test_a_viewer_reads_everything_and_changes_nothing(
+    admin_for: Callable[..., Any],
+) -> None:
+    api: Admin = await admin_for()
+    vera = api.as_("vera")
+    parked, held = await api.seed(State.PARKED), await api.seed(State.CLAIMED)
+    before = {ref.key: frozen(await api.record(ref)) for ref in (parked, held)}
+    assert (await vera.get("/admin/keys")).json()["count"] == 2
+    assert (await vera.get(path(parked))).json()["state"] == "parked"
+    assert (await vera.get("/admin/overview")).status_code == 200
+    refused = [
+        await vera.post(path(parked, "claim"), json={}),
+        await vera.post(path(held, "claim"), json={"force": True}),
+        await vera.post(path(held, "resolve"), json={"outcome": "done", "note": "x"}),
+        await vera.post(path(held, "resolve"), json={"outcome": "retry"}),
+        # Refused for the role before the body is read: whatever it says.
+        await vera.post(path(held, "resolve"), content=b"not json"),
+        await vera.post(path(held, "claim"), json={"operator": "alice"}),
+    ]
+    for answer in refused:
+        assert_problem(answer, ViewerCannotAct)
+        assert "vera is a viewer" in answer.json()["detail"]
+    assert {ref.key: frozen(await api.record(ref)) for ref in (parked, held)} == before
+    for action in ("claim", "resolve_done", "resolve_retry"):
+        for role in ("operator", "viewer"):
+            labels = {"action": action, "role": role}
+            count = api.gateway.metrics.registry.get_sample_value(
+                "idempotency_gateway_operator_actions_total", labels
+            )
+            assert not count, labels
+
+
+@MEMORY
+async def test_an_operator_field_that_is_not_yours_is_forbidden(
+    admin_for: Callable[..., Any],
+) -> None:
+    """The recorded name is the authenticated one: a named operator may leave
+    "operator" out or give their own; another name is refused, and nothing changes."""
+    api: Admin = await admin_for()
+    parked, held = await api.seed(State.PARKED), await api.seed(State.CLAIMED)  # alice's
+    before = {ref.key: frozen(await api.record(ref)) for ref in (parked, held)}
+    bob = api.as_("bob")
+    refused = [
+        await bob.post(path(parked, "claim"), json={"operator": "alice"}),
+        await bob.post(path(held, "claim"), json={"operator": "alice", "force": True}),
+        await api.http.post(path(held, "resolve"), json={"operator": "bob", "outcome": "done"}),
+        await api.http.post(path(held, "resolve"), json={"operator": 7, "outcome": "retry"}),
+    ]
+    for answer in refused:
+        assert_problem(answer, NotYourName)
+        assert "You are authenticated as" in answer.json()["detail"]
+    assert {ref.key: frozen(await api.record(ref)) for ref in (parked, held)} == before
+    mine = await bob.post(path(parked, "claim"), json={"operator": "bob"})
+    assert mine.status_code == 200 and mine.json()["holder"] == "bob"
+    done = await api.http.post(path(held, "resolve"), json={"outcome": "done"})
+    assert done.status_code == 200 and done.json()["history"][-1]["operator"] == "alice"
+
+
+async def test_the_shared_token_is_recorded_as_such(admin_for: Callable[..., Any]) -> None:
+    """The shared token proves no name: its actions keep the name given, marked, so
+    they are never taken for that operator's own."""
+    api: Admin = await admin_for()
+    ref = await api.seed(State.PARKED)
+    nameless = await api.shared.post(path(ref, "claim"), json={})
+    assert_problem(nameless, OperatorRequired)
+    assert "(shared token)" in nameless.json()["detail"]
+    claimed = await api.shared.post(path(ref, "claim"), json={"operator": "alice"})
+    assert claimed.status_code == 200 and claimed.json()["holder"] == "alice (shared token)"
+    # alice's own token is someone else to the record: the shared token's alice holds it.
+    own = await api.http.post(path(ref, "resolve"), json={"outcome": "done"})
+    assert_problem(own, NotTheHolder, holder="alice (shared token)")
+    done = await api.shared.post(
+        path(ref, "resolve"), json={"operator": "alice", "outcome": "done", "note": "checked"}
+    )
+    assert done.status_code == 200, done.text
+    events = done.json()["history"]
+    assert [(e["event"], e.get("operator")) for e in events[-2:]] == [
+        ("claimed", "alice (shared token)"),
+        ("resolved", "alice (shared token)"),
+    ]
+    stored = (await api.record(ref)).response
+    assert stored is not None and json.loads(stored.body)["resolved_by"] == "alice (shared token)"
+
+
+@MEMORY
+async def test_a_removed_operator_is_refused_after_a_reload(
+    admin_for: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api: Admin = await admin_for()
+    bob = api.as_("bob")
+    assert (await bob.get("/admin/keys")).status_code == 200
+    config = api.gateway.config
+    kept = tuple(op for op in config.admin.operators if op.name != "bob")
+    api.gateway.reload(replace(config, admin=replace(config.admin, operators=kept)))
+    assert_problem(await bob.get("/admin/keys"), Unauthorized)
+    assert (await api.http.get("/admin/keys")).status_code == 200
+    assert api.gateway.operators.by_name("bob") is None
+
+
+@MEMORY
+async def test_each_action_is_one_log_line_and_never_a_token(
+    admin_for: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Who, role, what, route, key (hashed on a sensitive_keys route), which client;
+    a refusal's line says it was refused. No token in any line."""
+    api: Admin = await admin_for()
+    parked, secret = await api.seed(State.PARKED), await api.seed(State.PARKED, route=SECRET)
+    cli = {"User-Agent": "idempotency-gateway-cli/1"}
+    with caplog.at_level(logging.INFO, "gateway.operator"):
+        await api.http.post(path(parked, "claim"), json={}, headers=cli)
+        await api.as_("bob").post(path(parked, "claim"), json={"force": True})
+        await api.as_("bob").post(path(parked, "resolve"), json={"outcome": "retry"})
+        await api.as_("vera").post(path(secret, "claim"), json={})
+        await api.shared.post(path(secret, "claim"), json={"operator": "carol"})
+        await api.http.post(path(secret, "claim"), json={})  # carol holds it: refused
+        await api.http.post(path(secret, "claim"), json={"operator": "carol", "force": True})
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records]
+    hashed = shown_key(secret.key, True)
+    assert hashed.startswith("sha256:") and hashed != secret.key
+    common = ("operator", "role", "via", "action", "route", "key", "client")
+    assert [tuple(line.get(name) for name in common) for line in lines] == [
+        ("alice", "operator", "token", "claim", ROUTE, parked.key, "cli"),
+        ("bob", "operator", "token", "claim", ROUTE, parked.key, "api"),
+        ("bob", "operator", "token", "resolve_retry", ROUTE, parked.key, "api"),
+        ("vera", "viewer", "token", "claim", SECRET, hashed, "api"),
+        ("carol (shared token)", "operator", "shared_token", "claim", SECRET, hashed, "api"),
+        ("alice", "operator", "token", "claim", SECRET, hashed, "api"),
+        ("alice", "operator", "token", "claim", SECRET, hashed, "api"),
+    ]
+    assert [line.get("refused") for line in lines] == [
+        None, None, None, ViewerCannotAct.slug, None, HeldByAnother.slug, NotYourName.slug,
+    ]  # fmt: skip
+    assert lines[1]["takeover_from"] == "alice"
+    assert all(line["logger"] == "gateway.operator" and line["level"] == "info" for line in lines)
+    text = caplog.text + "".join(map(json.dumps, lines))
+    assert secret.key not in text
+    assert not any(token in text for token in (TOKEN, *(t for _, t in OPERATORS.values())))
+
+
+async def test_overview_has_the_gauges_figures(admin_for: Callable[..., Any]) -> None:
+    """Per route and open state, the count and oldest age the gauges export, read from
+    the store; queued and retrying deliveries; no last success before one."""
+    api: Admin = await admin_for()
+    for state, route in (
+        (State.PARKED, ROUTE), (State.PARKED, ROUTE), (State.CLAIMED, ROUTE),
+        (State.UNRESOLVED, OTHER), (State.IN_FLIGHT, OTHER), (State.COMPLETED, OTHER),
+    ):  # fmt: skip
+        await api.seed(state, route=route)
+    await deliveries(api)  # on ROUTE: one queued, one retrying, one parked
+    await api.gateway.refresh_key_metrics()
+    registry = api.gateway.metrics.registry
+    doc = (await api.as_("vera").get("/admin/overview")).json()
+    assert doc["store"] == {"reachable": True, "error": None}
+    rows = {row["route"]: row for row in doc["routes"]}
+    assert list(rows) == [ROUTE, OTHER, SCOPED, SECRET]  # the config's order
+    counts = {
+        (name, state): figures["count"]
+        for name, row in rows.items()
+        for state, figures in row["keys"].items()
+    }
+    assert {k: v for k, v in counts.items() if v} == {
+        (ROUTE, "parked"): 3,
+        (ROUTE, "claimed"): 1,
+        (OTHER, "unresolved"): 1,
+    }
+    for (name, state), count in counts.items():
+        labels = {"route": name, "state": state}
+        assert registry.get_sample_value("idempotency_gateway_keys", labels) == count
+        gauge = registry.get_sample_value("idempotency_gateway_oldest_key_age_seconds", labels)
+        age = rows[name]["keys"][state]["oldest_age_seconds"]
+        assert (age > 0) == (count > 0) and gauge is not None and age >= round(gauge, 3) - 0.001
+    assert rows[ROUTE]["queue"]["queued"] == 1 and rows[ROUTE]["queue"]["retrying"] == 1
+    assert rows[OTHER]["queue"] is None  # a sync route with no deliveries
+    assert all(row["last_success_age_seconds"] is None for row in rows.values())
+    assert all(row["configured"] and row["delivery"] == "sync" for row in rows.values())
 
 
 # -- records: unknown, scoped, shown ---------------------------------------------------
@@ -624,7 +834,8 @@ async def test_a_listing_row_is_the_records_json_in_short(admin_for: Callable[..
 
 async def deliveries(api: Admin) -> dict[str, KeyRef]:
     """One delivery in each state an operator meets: queued, retrying, parked."""
-    request = StoredRequest("POST", "/jobs/i", (), b'{"k": 1}')
+    headers = (("content-type", "application/json"), ("authorization", "Bearer caller-secret"))
+    request = StoredRequest("POST", "/jobs/i?run=1", headers, b'{"k": 1}')
     refs = {}
     for state in ("queued", "retrying", "parked"):
         key = unique(state)
@@ -639,6 +850,22 @@ async def deliveries(api: Admin) -> dict[str, KeyRef]:
         attempt = {"result": "retry_scheduled", "status": 503}
         assert await api.store.retry_later(ref, "run-1", delay, attempt)
     return refs
+
+
+async def test_a_delivery_shows_its_request_without_authorization(
+    admin_for: Callable[..., Any],
+) -> None:
+    api: Admin = await admin_for()
+    ref = (await deliveries(api))["parked"]
+    shown = await api.as_("vera").get(path(ref))
+    assert shown.json()["request"] == {
+        "method": "POST",
+        "target": "/jobs/i?run=1",
+        "headers": [["content-type", "application/json"]],
+    }
+    assert "caller-secret" not in shown.text
+    sync = await api.http.get(path(await api.seed(State.PARKED)))
+    assert "request" not in sync.json()
 
 
 async def test_deliveries_are_listed_by_their_states(admin_for: Callable[..., Any]) -> None:
@@ -764,6 +991,10 @@ async def test_a_store_that_went_down_is_503_for_operators_and_readiness(
         assert answer.status_code == 503, answer.text
         assert answer.headers["content-type"] == "application/problem+json"
         assert answer.json()["type"] == PROBLEM_BASE + "store-unavailable"
+    # The overview still answers, and says the store did not.
+    overview = (await api.http.get("/admin/overview")).json()
+    assert overview["store"]["reachable"] is False and overview["store"]["error"]
+    assert all(row["keys"] is None and row["queue"] is None for row in overview["routes"])
     ready = await api.http.get("/readyz")
     assert ready.status_code == 503 and ready.json()["ready"] is False
     assert ready.json()["checks"]["store"] != "ok"

@@ -1,12 +1,15 @@
 """`idempotency-gateway keys ...` against a real admin listener: the options of
 `keys` (--json, --admin-url) work before the action and after it, as people type
-them, for every action."""
+them, for every action; and the CLI does what the console does (overview, list with
+filters, show with its timeline, claim, take over, resolve done and retry, whoami)
+with an operator's own token from the environment."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -24,14 +27,21 @@ from tests.support.servers import ROOT, Process, free_port, gateway_process, wai
 pytestmark = pytest.mark.process
 
 TOKEN = "cli-admin-token"
+#: Named operators (admin.operators); the gateway reads their tokens from its environment.
+OPERATORS = {
+    "alice": ("operator", "cli-alice-token-0123456789"),
+    "bob": ("operator", "cli-bob-token-0123456789abc"),
+    "vera": ("viewer", "cli-vera-token-0123456789ab"),
+}
 ROUTE = "charge"
 DELIVERED = "deliver"
 
 
 class Admin:
-    def __init__(self, url: str, proxy: str) -> None:
+    def __init__(self, url: str, proxy: str, process: Process) -> None:
         self.url = url
         self.proxy = proxy
+        self.process = process
 
     def parked_key(self) -> str:
         key = unique("charge")
@@ -64,7 +74,14 @@ def admin(tmp_path_factory: pytest.TempPathFactory, upstream: Process) -> Iterat
     port, admin_port = free_port(), free_port()
     config = {
         "server": {"listen": f"127.0.0.1:{port}", "shutdown_grace": "2s"},
-        "admin": {"listen": f"127.0.0.1:{admin_port}", "token": TOKEN},
+        "admin": {
+            "listen": f"127.0.0.1:{admin_port}",
+            "token": TOKEN,
+            "operators": [
+                {"name": name, "role": role, "token_env": f"CLI_{name.upper()}_TOKEN"}
+                for name, (role, _) in OPERATORS.items()
+            ],
+        },
         "store": {"url": "memory://"},
         "routes": [
             {
@@ -88,10 +105,11 @@ def admin(tmp_path_factory: pytest.TempPathFactory, upstream: Process) -> Iterat
     }
     path = tmp_path_factory.mktemp("cli") / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
-    gateway = gateway_process(path, port).start()
+    env = {f"CLI_{name.upper()}_TOKEN": token for name, (_, token) in OPERATORS.items()}
+    gateway = gateway_process(path, port, env=env).start()
     try:
         wait_for_port(admin_port)
-        yield Admin(f"http://127.0.0.1:{admin_port}", f"http://127.0.0.1:{port}")
+        yield Admin(f"http://127.0.0.1:{admin_port}", f"http://127.0.0.1:{port}", gateway)
     finally:
         gateway.stop()
 
@@ -101,6 +119,7 @@ def dead_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """The token, and a default admin URL where nothing listens: only an --admin-url
     that took effect reaches the gateway."""
     monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", TOKEN)
+    monkeypatch.delenv("GATEWAY_OPERATOR_TOKEN", raising=False)
     monkeypatch.setenv("GATEWAY_ADMIN_URL", f"http://127.0.0.1:{free_port()}")
 
 
@@ -213,6 +232,7 @@ def test_retry_queues_a_parked_delivery_and_it_is_delivered_once(
         "ATTEMPTS",
         "NEXT",
         "HOLDER",
+        "SINCE",
         "REASON",
         "LAST",
         "CHECK",
@@ -238,3 +258,160 @@ def test_retry_queues_a_parked_delivery_and_it_is_delivered_once(
     attempts = "idempotency_gateway_delivery_attempts_total"
     assert f'{attempts}{{result="exhausted",route="{DELIVERED}"}} 1.0' in metrics
     assert f'{attempts}{{result="completed",route="{DELIVERED}"}} 1.0' in metrics
+
+
+# -- what the console does, the CLI does: with a token of one's own --------------------
+
+
+class As:
+    """`keys ...` as one operator: their token in GATEWAY_OPERATOR_TOKEN (and the
+    shared one in GATEWAY_ADMIN_TOKEN, which the operator's own wins over)."""
+
+    def __init__(
+        self, admin: Admin, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        self.admin, self.monkeypatch, self.capsys = admin, monkeypatch, capsys
+        monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", TOKEN)
+        monkeypatch.setenv("GATEWAY_ADMIN_URL", admin.url)
+
+    def __call__(self, name: str, *argv: str) -> tuple[int, str, str]:
+        self.monkeypatch.setenv("GATEWAY_OPERATOR_TOKEN", OPERATORS[name][1])
+        code = cli.main(["keys", *argv])
+        out = self.capsys.readouterr()
+        return code, out.out, out.err
+
+    def json(self, name: str, *argv: str) -> Any:
+        code, out, err = self(name, *argv, "--json")
+        assert code == 0, (argv, err, out)
+        return json.loads(out)
+
+
+@pytest.fixture
+def as_(admin: Admin, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> As:
+    return As(admin, monkeypatch, capsys)
+
+
+def test_whoami_and_the_overview(admin: Admin, as_: As) -> None:
+    key = admin.parked_key()
+    assert as_.json("alice", "whoami") == {"name": "alice", "role": "operator", "via": "token"}
+    code, out, _ = as_("vera", "whoami")
+    assert code == 0 and out.strip() == "vera: viewer, via token"
+    overview = as_.json("vera", "overview")
+    assert overview["store"] == {"reachable": True, "error": None}
+    [row] = [r for r in overview["routes"] if r["route"] == ROUTE]
+    assert row["keys"]["parked"]["count"] >= 1 and row["keys"]["parked"]["oldest_age_seconds"] > 0
+    [delivered] = [r for r in overview["routes"] if r["route"] == DELIVERED]
+    assert delivered["queue"] is not None and delivered["delivery"] == "async"
+    code, out, _ = as_("vera", "overview")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == "store: reachable"
+    assert lines[1].split() == [
+        "ROUTE", "UNRESOLVED", "PARKED", "CLAIMED", "QUEUED", "RETRYING", "LAST", "SUCCESS",
+    ]  # fmt: skip
+    charge = next(line for line in lines if line.startswith(ROUTE + " "))
+    parked = row["keys"]["parked"]["count"]
+    # parked: its count and the oldest's age; no queue on a sync route
+    assert f" {parked} (" in charge and re.search(r"\s-\s+-\s", charge), charge
+    assert key in [k["key"] for k in as_.json("vera", "list", "--state", "parked")["keys"]]
+
+
+def test_list_filters_by_state_route_and_age(admin: Admin, as_: As) -> None:
+    key = admin.parked_key()
+
+    def listed(*filters: str) -> list[str]:
+        return [k["key"] for k in as_.json("vera", "list", *filters)["keys"]]
+
+    assert key in listed("--state", "parked", "--route", ROUTE, "--older-than", "1ms")
+    assert key in listed()  # unresolved, parked and claimed by default
+    assert key not in listed("--state", "parked", "--older-than", "1h")
+    assert key not in listed("--state", "parked", "--route", DELIVERED)
+    assert key not in listed("--state", "claimed")
+    code, _, err = as_("vera", "list", "--state", "done")
+    assert code == 1 and "error 400: A listing filter is not valid" in err
+
+
+def test_claim_take_over_and_resolve_with_ones_own_name(admin: Admin, as_: As) -> None:
+    """The console's handoff, from the terminal: each operator's own name recorded,
+    the takeover named and forced, the refusals in words, the note and response kept."""
+    key = admin.parked_key()
+    assert as_.json("alice", "claim", ROUTE, key)["holder"] == "alice"
+    code, _, err = as_("bob", "claim", ROUTE, key)
+    assert code == 1 and err.startswith("error 409: Another operator holds this key")
+    assert "alice holds it since 20" in err and "Take it over with --force" in err
+    taken = as_.json("bob", "claim", ROUTE, key, "--force")
+    assert taken["holder"] == "bob" and taken["history"][-1]["takeover_from"] == "alice"
+    code, _, err = as_("alice", "resolve", ROUTE, key, "done", "--note", "mine")
+    assert code == 1 and "bob holds it; claim it first." in err
+    code, _, err = as_("vera", "resolve", ROUTE, key, "done", "--note", "looked")
+    assert code == 1 and "vera is a viewer" in err
+    code, _, err = as_("alice", "claim", ROUTE, key, "--operator", "bob", "--force")
+    assert code == 1 and "You are authenticated as alice" in err
+    response = '{"status": 200, "headers": {"X-Checked": "bob"}, "body": {"charged": true}}'
+    note = ["--note", "the provider shows charge ch_1", "--response", response]
+    done = as_.json("bob", "resolve", ROUTE, key, "done", *note)
+    assert done["state"] == "completed" and done["response"]["origin"] == "operator"
+    code, out, _ = as_("vera", "show", ROUTE, key)
+    timeline = out[out.index("history:") :].splitlines()[1:]
+    assert code == 0 and [line.split("  ", 2)[-1] for line in timeline] == [
+        f"forwarded to the upstream (run {done['run_id']})",
+        "outcome unknown: " + done["history"][1]["reason"],
+        "parked: route policy: park",
+        "claimed by alice",
+        "taken over by bob from alice",
+        "resolved done by bob: the provider shows charge ch_1",
+    ]
+    assert "response: 200 (from the operator)" in out and "holder" not in out
+    with httpx.Client(base_url=admin.proxy, timeout=10) as client:
+        repeat = client.post("/jobs/charge", json={"job_key": key}, params={"sleep": "0.4"})
+    assert repeat.json() == {"charged": True} and repeat.headers["x-checked"] == "bob"
+    # The gateway's log says who did each, through which client.
+    lines = [json.loads(line) for line in admin.process.output().splitlines() if key in line]
+    actions = [
+        (line["operator"], line["action"], line["client"], line.get("refused"))
+        for line in lines
+        if line.get("logger") == "gateway.operator"
+    ]
+    assert actions == [
+        ("alice", "claim", "cli", None),
+        ("bob", "claim", "cli", "held-by-another-operator"),
+        ("bob", "claim", "cli", None),
+        ("alice", "resolve_done", "cli", "not-the-holder"),
+        ("vera", "resolve", "cli", "viewer-cannot-act"),
+        ("alice", "claim", "cli", "not-your-name"),
+        ("bob", "resolve_done", "cli", None),
+    ]
+    assert not any(token in admin.process.output() for _, token in OPERATORS.values())
+
+
+def test_resolve_retry_and_retry_with_ones_own_token(admin: Admin, as_: As) -> None:
+    key = admin.parked_key()
+    as_.json("alice", "claim", ROUTE, key)
+    released = as_.json("alice", "resolve", ROUTE, key, "retry", "--note", "never reached")
+    assert released["state"] == "released"
+    assert released["history"][-1] == {
+        "at_ms": released["history"][-1]["at_ms"],
+        "event": "resolved",
+        "operator": "alice",
+        "outcome": "retry",
+        "note": "never reached",
+    }
+    delivery, status = admin.parked_delivery()
+    queued = as_.json("bob", "retry", DELIVERED, delivery, "--note", "upstream back")
+    assert queued["state"] == "queued" and queued["history"][-1]["operator"] == "bob"
+    with httpx.Client(base_url=admin.proxy, timeout=10) as client:
+        assert admin.until(client, status, "completed")["attempts"] == 1
+
+
+def test_the_shared_token_records_the_name_given_marked(
+    admin: Admin, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = admin.parked_key()
+    monkeypatch.delenv("GATEWAY_OPERATOR_TOKEN", raising=False)
+    monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", TOKEN)
+    monkeypatch.setenv("USER", "carol")
+    held = run_json(["keys", "--admin-url", admin.url, "claim", ROUTE, key, "--json"], capsys)
+    assert held["holder"] == "carol (shared token)"
+    assert cli.main(["keys", "--admin-url", admin.url, "whoami"]) == 0
+    assert (
+        capsys.readouterr().out.strip() == "(the shared token: no name): operator, via shared token"
+    )

@@ -43,7 +43,7 @@ MUTANTS = [
     Mutant(
         name="operator-response-unchecked",
         path="gateway/actions.py",
-        old="            check_response(given, max_body, ref.route)\n",
+        old="            check_response(answer, max_body, ref.route)\n",
         new="            pass\n",
         tests=(
             H + "test_operator_response_is_validated",
