@@ -143,9 +143,11 @@ def test_two_operators_on_two_replicas_hand_a_parked_key_over(
     assert events == ["forwarded", "unknown", "parked", "claimed", "claimed", "resolved"], events
     texts = steps.all_inner_texts()
     assert "Claimed by alice" in texts[3]
-    assert "Taken over from alice by bob" in texts[4]
-    assert "Resolved done by bob" in texts[5] and f"Note: {HOSTILE_NOTE}" in texts[5]
-    assert "no complete answer within 0.5s" in texts[1]  # why the outcome is unknown
+    assert "Taken over by bob from alice" in texts[4]
+    assert f"Resolved done by bob: {HOSTILE_NOTE}" in texts[5]
+    assert "Outcome unknown: no complete answer within 0.5s" in texts[1]
+    by = [li.get_attribute("data-by") for li in steps.all()]
+    assert by == ["", "", "", "alice", "bob", "bob"], by
     assert_clean(alice_tab, bob_tab)
 
 
@@ -213,7 +215,7 @@ def test_a_hostile_key_note_and_header_show_as_text_and_run_nothing(
     page.get_by_label("Body").fill(HOSTILE)
     page.get_by_role("button", name="Resolve done").click()
     expect(page.locator("#key-state")).to_have_text("completed")
-    expect(page.locator("ol.timeline")).to_contain_text(f"Note: {HOSTILE_NOTE}")
+    expect(page.locator("ol.timeline")).to_contain_text(f"Resolved done by alice: {HOSTILE_NOTE}")
     responses = page.locator("table.headers")
     expect(responses.last).to_contain_text(HOSTILE)  # the stored response's header
 

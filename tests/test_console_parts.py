@@ -154,19 +154,17 @@ def test_the_timeline_says_who_did_what_and_why() -> None:
     )
     record = Record("d", "r", "k", State.COMPLETED, "run", "fp", 1, 9, history=history)
     entries = timeline(record)
-    assert [(e.what, e.who, e.why) for e in entries] == [
-        ("Forwarded to the upstream", "", ""),
-        ("Outcome unknown", "", "upstream timed out"),
-        ("Claimed", "alice", ""),
-        ("Taken over from alice", "bob", ""),
-        ("Resolved done", "bob", "Note: ok"),
-        ("Brand new", "", ""),
+    assert [(e.what, e.who) for e in entries] == [
+        ("Forwarded to the upstream (run run)", ""),
+        ("Outcome unknown: upstream timed out", ""),
+        ("Claimed by alice", "alice"),
+        ("Taken over by bob from alice", "bob"),
+        ("Resolved done by bob: ok", "bob"),
+        ("Brand_new (via=shared_token, extra={'a': 1})", ""),
     ]
-    assert entries[0].details == (("run id", "run"),)
-    assert entries[-1].details == (
-        ("via", "through the shared admin token"),
-        ("extra", "a 1"),
-    )
+    assert all(e.details == () for e in entries)
+    parked = {"at_ms": 7, "event": "parked", "reason": "r", "attempt": {"status": 503}}
+    assert timeline(replace(record, history=(parked,)))[1].details == (("attempt", "status 503"),)
 
 
 def test_refusals_are_said_in_words() -> None:

@@ -4,8 +4,9 @@ The store records each move of a key as an event (gateway/records.py's legend,
 `Record.to_json()["history"]`): `forwarded` or `accepted`, `attempt`, `unknown` and
 why, each `reconcile` check and its answer, `parked`, `claimed` by whom (and from
 whom, for a takeover), `resolved` by whom, how and with what note, `completed`,
-`released`, `retry_scheduled`. Each becomes one entry; fields this module does not
-know are shown as they are, so an event added later is never hidden.
+`released`, `retry_scheduled`. Each becomes one entry, worded by
+`records.describe_event` (the words `keys show` prints too); fields it does not say
+are listed beside it, so an event or field added later is never hidden.
 """
 
 from __future__ import annotations
@@ -14,26 +15,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.records import Record
+from gateway.records import Record, describe_event
 
-_WHAT = {
-    "accepted": "Accepted for delivery (202)",
-    "forwarded": "Forwarded to the upstream",
-    "attempt": "Delivery attempt",
-    "unknown": "Outcome unknown",
-    "reconcile": "Checked with the upstream",
-    "parked": "Parked for an operator",
-    "claimed": "Claimed",
-    "resolved": "Resolved",
-    "completed": "Completed",
-    "released": "Released",
-    "retry_scheduled": "Retry scheduled",
-}
+#: Fields records.describe_event already says in its words; the rest are listed.
+_SAID = {
+    "at_ms", "event", "operator", "reason", "note", "takeover_from", "outcome", "run_id",
+    "origin", "result", "answer",
+}  # fmt: skip
 
-#: Fields drawn in the entry's own words, not listed again as details.
-_SHOWN = {"at_ms", "event", "operator", "reason", "note", "takeover_from", "outcome"}
-
-#: How the events say who acted: the operator's name, and through what.
+#: How the events say through what an operator acted.
 _VIA = {
     "shared_token": "through the shared admin token",
     "identity_header": "through the single-sign-on proxy",
@@ -44,9 +34,10 @@ _VIA = {
 class Entry:
     at_ms: int
     event: str
+    #: the event in words, as `keys show` says it (records.describe_event)
     what: str
+    #: the operator who acted, if one did
     who: str
-    why: str
     details: tuple[tuple[str, str], ...]
 
 
@@ -64,26 +55,33 @@ def fields(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
+#: The events describe_event words; of any other, it lists every field itself.
+_KNOWN = {
+    "forwarded", "accepted", "unknown", "parked", "released", "completed", "reconcile",
+    "claimed", "resolved", "attempt", "retry_scheduled",
+}  # fmt: skip
+
+
 def entry(event: dict[str, Any]) -> Entry:
-    name = str(event.get("event", ""))
-    what = _WHAT.get(name, name.replace("_", " ").capitalize() or "Event")
-    who = str(event.get("operator") or "")
-    why = str(event.get("reason") or "")
-    if name == "claimed" and event.get("takeover_from"):
-        what = f"Taken over from {event['takeover_from']}"
-    if name == "resolved":
-        outcome = event.get("outcome", "")
-        what = {"done": "Resolved done", "retry": "Resolved retry"}.get(outcome, what)
-        note = str(event.get("note") or "")
-        why = f"Note: {note}" if note else "No note"
-    if name == "completed" and event.get("origin") not in (None, "upstream"):
-        what = f"Completed ({event['origin']})"
+    said = describe_event(event)
+    known = event.get("event") in _KNOWN
     details = tuple(
-        (field.replace("_", " "), _VIA.get(str(value), fields(value)))
-        for field, value in event.items()
-        if field not in _SHOWN and value not in (None, "")
+        (name.replace("_", " "), _VIA.get(str(value), fields(value)))
+        for name, value in event.items()
+        if known
+        and name not in _SAID
+        and value not in (None, "")
+        # an attempt's number is in its words; a parked delivery's last attempt is not
+        and not (name == "attempt" and event.get("event") == "attempt")
     )
-    return Entry(int(event.get("at_ms", 0)), name, what, who, why, details)
+    what = said[:1].upper() + said[1:]
+    return Entry(
+        int(event.get("at_ms", 0)),
+        str(event.get("event", "")),
+        what,
+        str(event.get("operator") or ""),
+        details,
+    )
 
 
 def timeline(record: Record) -> list[Entry]:
