@@ -11,7 +11,6 @@ frames, forms posting only to the console itself.
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -95,7 +94,7 @@ def environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(when=when, iso=iso, age=age, fields=fields)
-    env.globals.update(key_url=key_url, prefix=PREFIX, now_ms=lambda: int(time.time() * 1000))
+    env.globals.update(key_url=key_url, prefix=PREFIX)
     return env
 
 
