@@ -14,11 +14,14 @@ Each handler is a module-level function of the request, reading the gateway from
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -61,6 +64,7 @@ def create_admin_app(gateway: Gateway) -> Starlette:
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics),
+            Route("/admin/openapi.json", openapi),
             Route("/admin/me", me),
             Route("/admin/overview", overview),
             Route("/admin/keys", list_keys),
@@ -153,6 +157,20 @@ async def metrics(request: Request) -> Response:
 
 
 # -- the operator API: who first, then the body, then the action ----------------------
+
+
+@functools.cache
+def openapi_document() -> dict[str, Any]:
+    """The operator API's OpenAPI 3.1 document: gateway/openapi.yaml, the one place
+    it is written (package data)."""
+    text = resources.files("gateway").joinpath("openapi.yaml").read_text(encoding="utf-8")
+    doc: dict[str, Any] = yaml.safe_load(text)
+    return doc
+
+
+async def openapi(request: Request) -> Response:
+    """The document, without a token: it says what the API does, not what it holds."""
+    return JSONResponse(openapi_document())
 
 
 async def me(request: Request) -> Response:

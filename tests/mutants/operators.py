@@ -98,3 +98,25 @@ MUTANTS = [
         breaks="a token written as ${VAR} where a path belongs is printed in the error",
     ),
 ]
+
+T = "tests/test_openapi.py::"
+
+MUTANTS += [
+    Mutant(
+        name="openapi-document-wrong-about-a-claimed-record",
+        path="gateway/openapi.yaml",
+        old="        holder: {type: string, description: The operator who holds a claimed key}\n",
+        new="        holder: {type: integer, description: The operator who holds a claimed key}\n",
+        tests=(T + "test_schemathesis_finds_no_5xx_and_nothing_outside_the_document[operator]",),
+        breaks="the document says something the API does not do, and nothing notices "
+        "(the run reaches claimed records and checks their bodies)",
+    ),
+    Mutant(
+        name="claim-with-a-bad-force-is-a-500",
+        path="gateway/admin.py",
+        old='        raise BadOperatorRequest("force is true or false.", field="force")\n',
+        new='        raise RuntimeError("force is true or false.")\n',
+        tests=(T + "test_schemathesis_finds_no_5xx_and_nothing_outside_the_document[operator]",),
+        breaks="a claim with a force that is not true or false is a 500",
+    ),
+]
