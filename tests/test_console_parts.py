@@ -302,7 +302,7 @@ async def test_resolving_done_needs_a_note_and_a_replayable_response(console: Co
         assert (await alice.post("/console/claim", data=form(ref, token))).status_code == 303
         before = await console.record(ref)
         cases = {
-            "no note": ({"note": "  "}, 400, "Resolving done needs a note"),
+            "no note": ({"note": "  "}, 400, "A note is required to resolve done"),
             "status": ({"note": "n", "response_status": "abc"}, 400, "is not a number"),
             "header line": ({"note": "n", "response_headers": "no colon"}, 400, "line 1"),
             "framing": (

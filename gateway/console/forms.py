@@ -29,15 +29,16 @@ from gateway.console.access import (
 from gateway.console.rendering import PREFIX, key_url, page
 from gateway.console.session import clearing_header, issue
 from gateway.console.wording import Refusal, refusal_for
-from gateway.errors import BadOperatorRequest, BadResponse, OperatorRefusal
+from gateway.errors import BadResponse, OperatorRefusal
 from gateway.records import KeyRef, State
 
-
-class NoteRequired(BadOperatorRequest):
-    """The console asks for a note on every `done` (the API leaves it optional)."""
-
-    slug = "note-required"
-    title = "A note is required to resolve done"
+#: The console asks for a note on every `done` (the API leaves it optional); said
+#: before anything is asked of the store, so it is the console's own refusal.
+NOTE_REQUIRED = Refusal(
+    "A note is required to resolve done",
+    "Say what you checked (the provider's dashboard, the ledger), so the next person "
+    "knows why. Nothing was changed.",
+)
 
 
 async def signin(request: Request) -> Response:
@@ -71,17 +72,17 @@ async def signout(request: Request) -> Response:
 
 
 async def _refused(
-    request: Request, who: Visitor, ref: KeyRef, exc: OperatorRefusal, template: str = "key.html"
+    request: Request, who: Visitor, ref: KeyRef, refusal: Refusal, status: int
 ) -> Response:
     """The key's page as it is now, with the refusal said in words."""
     try:
         record = await actions.show(gateway_of(request), ref)
-    except OperatorRefusal:
+    except OperatorRefusal as exc:
         context = pages.base(who, "keys") | {"refusal": refusal_for(exc)}
         return page(request, "missing.html", context, exc.status)
     context = await pages.key_context(request, who, record)
-    context["refusal"] = refusal_for(exc)
-    return page(request, template, context, exc.status)
+    context["refusal"] = refusal
+    return page(request, "key.html", context, status)
 
 
 async def claim(request: Request) -> Response:
@@ -105,7 +106,7 @@ async def claim(request: Request) -> Response:
     try:
         record = await actions.claim(gateway, who.operator, ref, force, "console")
     except OperatorRefusal as exc:
-        return await _refused(request, who, ref, exc)
+        return await _refused(request, who, ref, refusal_for(exc), exc.status)
     taken = bool(record.history and record.history[-1].get("takeover_from"))
     notice = "taken_over" if taken else "claimed"
     return RedirectResponse(key_url(ref.route, ref.key, ref.digest) + f"&notice={notice}", 303)
@@ -153,16 +154,12 @@ async def resolve(request: Request) -> Response:
     ref = pages.ref_of(request, form)
     outcome = form.get("outcome", "")
     note = form.get("note", "").strip()
+    if outcome == "done" and not note:
+        return await _refused(request, who, ref, NOTE_REQUIRED, 400)
     try:
-        if outcome == "done" and not note:
-            raise NoteRequired(
-                "Resolving done needs a note: say what you checked (the provider's "
-                "dashboard, the ledger), so the next person knows why. Nothing was changed.",
-                field="note",
-            )
         given = response_given(form) if outcome == "done" else None
         await actions.resolve(gateway, who.operator, ref, outcome, note, given, "console")
     except OperatorRefusal as exc:
-        return await _refused(request, who, ref, exc)
+        return await _refused(request, who, ref, refusal_for(exc), exc.status)
     notice = f"resolved_{outcome}"
     return RedirectResponse(key_url(ref.route, ref.key, ref.digest) + f"&notice={notice}", 303)
