@@ -26,9 +26,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from gateway import actions
+from gateway.console.site import create_console
 from gateway.errors import (
     BadOperatorRequest,
     NotJsonObject,
@@ -70,6 +71,8 @@ def create_admin_app(gateway: Gateway) -> Starlette:
             Route("/admin/keys/{route}/{key:path}/claim", claim_key, methods=["POST"]),
             Route("/admin/keys/{route}/{key:path}/resolve", resolve_key, methods=["POST"]),
             Route("/admin/keys/{route}/{key:path}", show_key),
+            # The operator console (gateway/console/): HTML pages for people.
+            Mount("/console", app=create_console(gateway)),
         ],
         exception_handlers={ProblemError: problem_response, StoreError: problem_response},
     )

@@ -16,6 +16,9 @@ from tests.support.ledger import LEDGER, Ledger
 from tests.support.servers import ROOT, Process, RedisServer, upstream_server
 from tests.support.topologies import ClusterSetup
 
+#: The browser fixtures (`browser`, `tabs`) for the console's tests.
+pytest_plugins = ["tests.support.browser"]
+
 
 @pytest.fixture
 def anyio_backend() -> str:

@@ -1,0 +1,138 @@
+"""Who a console request comes from, and whether a form post is really theirs.
+
+A page is shown to a signed-in operator: a session cookie (console/session.py) that
+the secret signed, that has not expired, and whose name is in the current operator
+list (`Gateway.operators`, rebuilt on reload), which also gives the role. A post
+needs that and more: an Origin that is the console's own and the session's CSRF
+token (console/csrf.py), checked before the form is acted on. Anything less is
+refused and changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs
+
+from starlette.requests import Request
+
+from gateway.console import csrf
+from gateway.console.session import COOKIE, Session, decode
+from gateway.operators import Operator
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+#: A console form is a note, a response to replay and a few names; the largest is a
+#: resolve's response body, written into a text field.
+FORM_OVERHEAD = 64 * 1024
+
+
+class ConsoleOff(Exception):
+    """The console cannot sign sessions: no admin.session_secret_env, or no operators."""
+
+
+class SignedOut(Exception):
+    """No valid session: none, forged, altered, expired, or its operator was removed."""
+
+
+class Forged(Exception):
+    """A post the signed-in operator's own console page did not make (wrong or missing
+    Origin, missing or wrong CSRF token), or one larger than any console form."""
+
+
+@dataclass(frozen=True, slots=True)
+class Visitor:
+    """A signed-in operator, as the current config knows them."""
+
+    operator: Operator
+    session: Session
+    csrf: str
+
+
+def gateway_of(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
+def secret_of(gateway: Gateway) -> bytes:
+    admin = gateway.config.admin  # read on each request: a reload may change it
+    if not admin.operators:
+        raise ConsoleOff(
+            "No operators are configured. List them in admin.operators, each with a "
+            "token of their own and a role (viewer or operator); the shared admin.token "
+            "does not open the console."
+        )
+    if not admin.session_secret:
+        raise ConsoleOff(
+            "Set admin.session_secret_env to the name of an environment variable that "
+            "holds the cookie-signing secret (the same on every replica; for example the "
+            "output of `idempotency-gateway keygen`)."
+        )
+    return admin.session_secret.encode()
+
+
+def scheme_of(request: Request) -> str:
+    """https when the browser reached the console over TLS: directly, or through a
+    proxy of admin.trusted_proxies that says so in X-Forwarded-Proto."""
+    if request.url.scheme == "https":
+        return "https"
+    host = request.client.host if request.client else None
+    forwarded = request.headers.get("x-forwarded-proto", "").strip().lower()
+    if forwarded == "https" and gateway_of(request).operators.trusts(host):
+        return "https"
+    return "http"
+
+
+def visitor(request: Request) -> Visitor:
+    """The signed-in operator, or SignedOut. The name is looked up in the current
+    operator list on every request: removing an operator signs them out."""
+    gateway = gateway_of(request)
+    secret = secret_of(gateway)
+    value = request.cookies.get(COOKIE)
+    session = decode(secret, value) if value else None
+    if session is None:
+        raise SignedOut("Sign in with your operator token.")
+    operator = gateway.operators.by_name(session.name)
+    if operator is None:
+        raise SignedOut(f"{session.name} is no longer an operator of this gateway.")
+    return Visitor(operator, session, csrf.token_for(secret, session))
+
+
+async def posted_form(request: Request, limit: int) -> dict[str, str]:
+    """The post's fields (the first value of each), read to at most `limit` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise Forged(f"The form is larger than any console form ({limit} bytes).")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise Forged(f"The form is larger than any console form ({limit} bytes).")
+        chunks.append(chunk)
+    try:
+        text = b"".join(chunks).decode()
+        fields = parse_qs(text, keep_blank_values=True, max_num_fields=64)
+    except (UnicodeDecodeError, ValueError):
+        raise Forged("The form is not a form this console sent.") from None
+    return {name: values[0] for name, values in fields.items()}
+
+
+def check_origin(request: Request) -> None:
+    if not csrf.origin_ok(request, scheme_of(request)):
+        raise Forged(
+            "The post did not come from a page of this console (its Origin is "
+            f"{request.headers.get('origin') or 'missing'})."
+        )
+
+
+async def poster(request: Request, limit: int = FORM_OVERHEAD) -> tuple[Visitor, dict[str, str]]:
+    """The operator who posted this form, and its fields; or SignedOut, or Forged.
+    The Origin is checked first, then the session, then its CSRF token."""
+    check_origin(request)
+    who = visitor(request)
+    form = await posted_form(request, limit)
+    if not csrf.token_ok(secret_of(gateway_of(request)), who.session, form.get(csrf.FIELD)):
+        raise Forged("The form's CSRF token is missing or is not this session's.")
+    return who, form

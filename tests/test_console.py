@@ -1,0 +1,465 @@
+"""The operator console in a real browser, against real gateway processes.
+
+Two gateway replicas on one redis-server of the tests' own, in front of the test
+upstream; operators with tokens of their own (alice and bob: operators, vera: a
+viewer). Each person is a browser context of their own in one headless Chromium
+(Debian's, tests/support/browser.py). Parked keys are made the way production makes
+them: a request whose upstream outlives the route's upstream_timeout (504, parked),
+or a delivery the upstream keeps refusing (parked after its attempts).
+
+Forged posts are sent with httpx to the same processes: what a browser would never
+send is the point there. Waiting is on the page (Playwright's `expect` retries until
+the page shows it) or on the store's answer, never a sleep that asserts a time.
+"""
+
+from __future__ import annotations
+
+import html.parser
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from gateway.console import csrf
+from gateway.console.rendering import CSP
+from gateway.console.session import COOKIE, Session, encode
+from tests.conftest import unique
+from tests.support.browser import PHONE, WAIT_MS, Tab
+from tests.support.console_site import (
+    HOSTILE,
+    HOSTILE_NOTE,
+    SECRET,
+    TOKENS,
+    Replica,
+    Site,
+    config,
+    key_row,
+    running_site,
+    sign_in,
+    start_replica,
+)
+from tests.support.servers import Process
+
+pytestmark = [pytest.mark.browser, pytest.mark.process, pytest.mark.redis]
+
+expect.set_options(timeout=WAIT_MS)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory, upstream: Process) -> Iterator[Site]:
+    with running_site(tmp_path_factory.mktemp("console"), upstream) as running:
+        yield running
+
+
+def frozen(doc: dict[str, Any]) -> dict[str, Any]:
+    """A record's JSON without the ages, which move while a test runs."""
+    return {k: v for k, v in doc.items() if k not in ("age_seconds", "state_age_seconds")}
+
+
+# -- signing in, in a browser -----------------------------------------------------------
+
+
+def assert_clean(*tabs: Tab) -> None:
+    """No dialog opened (an injected alert() would be one), no script error, no
+    console error (a CSP violation is one: the console's own pages must cause none)."""
+    for tab in tabs:
+        assert tab.dialogs == [], tab.dialogs
+        assert tab.errors == [], tab.errors
+
+
+def test_two_operators_on_two_replicas_hand_a_parked_key_over(
+    site: Site, tabs: Callable[..., Tab]
+) -> None:
+    key = unique("charge")
+    site.park(key)
+    a, b = site.replicas
+    alice_tab, bob_tab = tabs(), tabs()
+    alice, bob = sign_in(alice_tab.page, a, "alice"), sign_in(bob_tab.page, b, "bob")
+
+    # Bob watches the list on replica B; it is never reloaded from here on.
+    bob.goto(b.admin + "/console/keys?route=charge")
+    row = key_row(bob, key)
+    expect(row).to_contain_text("parked")
+    expect(row.locator(".holder")).to_have_text("")
+    bob.evaluate("window.notReloaded = true")
+
+    # Alice claims it on replica A.
+    alice.goto(a.admin + "/console/keys?route=charge")
+    key_row(alice, key).get_by_role("link", name=key, exact=True).click()
+    expect(alice.locator("#key-name")).to_have_text(key)
+    alice.get_by_role("button", name="Claim").click()
+    expect(alice.get_by_role("status")).to_contain_text("You hold this key")
+    expect(alice.locator("#key-holder")).to_have_text("alice")
+
+    # Bob's list shows it held by alice, by name, within a few refreshes.
+    expect(row.locator(".holder")).to_have_text("alice")
+    expect(row).to_contain_text("claimed")
+    assert bob.evaluate("window.notReloaded") is True
+
+    # Bob takes it over: the page names the holder and since when, and asks first.
+    row.get_by_role("link", name=key, exact=True).click()
+    expect(bob.locator("#key-holder")).to_have_text("alice")
+    bob.get_by_role("link", name="Take over from alice").click()
+    question = bob.locator("#takeover-question")
+    expect(question).to_contain_text("alice holds this key since")
+    held = site.record("charge", key)
+    assert held["holder"] == "alice" and held["state"] == "claimed"  # asking changed nothing
+    bob.get_by_role("button", name="Yes, take it over from alice").click()
+    expect(bob.get_by_role("status")).to_contain_text("You took this key over")
+    expect(bob.locator("#key-holder")).to_have_text("bob")
+
+    # Alice's page is stale: her resolve is refused, with why, and nothing changes.
+    alice.get_by_label("Note (required: what you checked)").fill("paid, seen in the ledger")
+    with alice.expect_response(lambda r: r.url.endswith("/console/resolve")) as refused:
+        alice.get_by_role("button", name="Resolve done").click()
+    assert refused.value.status == 409
+    expect(alice.get_by_role("alert")).to_contain_text("bob holds this key now")
+    expect(alice.locator("#key-holder")).to_have_text("bob")
+    expect(alice.get_by_role("button", name="Resolve done")).to_have_count(0)
+    assert site.record("charge", key)["holder"] == "bob"
+
+    # Bob resolves it done, with a note.
+    bob.get_by_label("Note (required: what you checked)").fill(HOSTILE_NOTE)
+    bob.get_by_role("button", name="Resolve done").click()
+    expect(bob.get_by_role("status")).to_contain_text("Resolved done")
+    expect(bob.locator("#key-state")).to_have_text("completed")
+
+    # A repeat of the request gets the replay, saying who resolved it.
+    repeat = httpx.post(b.proxy + "/jobs/charge", json={"job_key": key}, timeout=10)
+    assert repeat.status_code == 200, repeat.text
+    assert repeat.headers["idempotent-replayed"] == "true"
+    assert repeat.json()["resolved_by"] == "bob"
+
+    # The timeline shows every step, with the right names.
+    steps = bob.locator("ol.timeline li")
+    events = [li.get_attribute("data-event") for li in steps.all()]
+    assert events == ["forwarded", "unknown", "parked", "claimed", "claimed", "resolved"], events
+    texts = steps.all_inner_texts()
+    assert "Claimed by alice" in texts[3]
+    assert "Taken over by bob from alice" in texts[4]
+    assert f"Resolved done by bob: {HOSTILE_NOTE}" in texts[5]
+    assert "Outcome unknown: no complete answer within 0.5s" in texts[1]
+    by = [li.get_attribute("data-by") for li in steps.all()]
+    assert by == ["", "", "", "alice", "bob", "bob"], by
+    assert_clean(alice_tab, bob_tab)
+
+
+def test_a_viewer_sees_everything_and_has_no_action_buttons(
+    site: Site, tabs: Callable[..., Tab]
+) -> None:
+    parked, held = unique("viewer-parked"), unique("viewer-held")
+    site.park(parked)
+    site.park(held)
+    with site.api("alice") as api:
+        assert api.post(f"/admin/keys/charge/{held}/claim", json={}).status_code == 200
+    tab = tabs()
+    page = sign_in(tab.page, site.replicas[1], "vera")
+    expect(page.locator(".who")).to_contain_text("(viewer)")
+    page.goto(site.replicas[1].admin + "/console/keys?route=charge")
+    expect(key_row(page, parked)).to_contain_text("parked")
+    expect(key_row(page, held).locator(".holder")).to_have_text("alice")
+    for key in (parked, held):
+        key_row(page, key).get_by_role("link", name=key, exact=True).click()
+        expect(page.locator("#key-name")).to_have_text(key)
+        expect(page.locator("ol.timeline li")).not_to_have_count(0)
+        expect(page.locator("#actions")).to_contain_text("You are signed in as a viewer")
+        for action in ("claim", "resolve", "takeover"):
+            assert (
+                page.locator(f"[action*='/console/{action}'], [href*='/console/{action}']").count()
+                == 0
+            )
+        expect(
+            page.get_by_role("button", name=re.compile("Claim|Resolve|take it over"))
+        ).to_have_count(0)
+        page.go_back()
+    # Her session is good and her form would be well made: the post is still refused.
+    before = frozen(site.record("charge", parked))
+    with signed_in_client(site.replicas[1], "vera") as client:
+        token = csrf_of(client, "charge", parked)
+        answer = client.post("/console/claim", data=ref_form("charge", parked, token))
+    assert answer.status_code == 403, answer.text
+    assert "viewer" in answer.text
+    assert frozen(site.record("charge", parked)) == before
+    assert_clean(tab)
+
+
+def test_a_hostile_key_note_and_header_show_as_text_and_run_nothing(
+    site: Site, tabs: Callable[..., Tab]
+) -> None:
+    site.park(HOSTILE) if site_has_not(site, "charge", HOSTILE) else None
+    delivery = f"{HOSTILE}-{unique('d')}"
+    site.park_delivery(
+        delivery,
+        {"Authorization": "Bearer caller-secret-token", "X-Shown": HOSTILE},
+    )
+    tab = tabs()
+    page = sign_in(tab.page, site.replicas[0], "alice")
+    page.goto(site.replicas[0].admin + "/console/keys?state=parked")
+    link = page.get_by_role("link", name=HOSTILE, exact=True)
+    expect(link).to_have_count(1)
+    link.click()
+    expect(page.locator("#key-name")).to_have_text(HOSTILE)
+    assert page.locator("img").count() == 0
+    page.get_by_role("button", name="Claim").click()
+    expect(page.locator("#key-holder")).to_have_text("alice")
+    page.get_by_label("Note (required: what you checked)").fill(HOSTILE_NOTE)
+    page.get_by_label("Status").fill("201")
+    page.get_by_label("Headers, one Name: value a line").fill(f"X-Receipt: {HOSTILE}")
+    page.get_by_label("Body").fill(HOSTILE)
+    page.get_by_role("button", name="Resolve done").click()
+    expect(page.locator("#key-state")).to_have_text("completed")
+    expect(page.locator("ol.timeline")).to_contain_text(f"Resolved done by alice: {HOSTILE_NOTE}")
+    responses = page.locator("table.headers")
+    expect(responses.last).to_contain_text(HOSTILE)  # the stored response's header
+
+    # The delivery's request: method, path and headers, never Authorization.
+    page.goto(site.replicas[0].admin + "/console/keys?state=parked&route=deliver")
+    page.get_by_role("link", name=delivery, exact=True).click()
+    expect(page.locator("#key-name")).to_have_text(delivery)
+    request = page.locator("section", has=page.get_by_role("heading", name="Request"))
+    expect(request).to_contain_text("POST")
+    expect(request).to_contain_text("/jobs/deliver?status=503")
+    expect(request.locator("table.headers")).to_contain_text(HOSTILE)
+    assert "caller-secret-token" not in page.content()
+    assert "authorization" not in request.locator("table.headers").inner_text().lower()
+    assert page.locator("img, script:not([src])").count() == 0
+    assert_clean(tab)
+
+
+def site_has_not(site: Site, route: str, key: str) -> bool:
+    with site.api() as client:
+        return client.get(f"/admin/keys/{route}/{quote(key, safe='')}").status_code == 404
+
+
+def test_the_console_fits_a_phone_and_a_desktop(site: Site, tabs: Callable[..., Tab]) -> None:
+    key = unique("phone")
+    site.park(key)
+    for viewport in (None, PHONE):
+        tab = tabs(viewport)
+        page = sign_in(tab.page, site.replicas[0], "alice")
+        for path in ("/console/", "/console/keys", None):
+            if path is None:
+                page.get_by_role("link", name=key, exact=True).click()
+            else:
+                page.goto(site.replicas[0].admin + path)
+            # Nothing wider than the screen but a table, which scrolls in its own box.
+            assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), (
+                viewport,
+                path,
+            )
+            # Tables have headings; every field a person fills in has a label.
+            unlabelled = page.evaluate(
+                """Array.from(document.querySelectorAll('input, select, textarea'))
+                   .filter(e => e.type !== 'hidden' && e.labels.length === 0)
+                   .map(e => e.name)"""
+            )
+            assert unlabelled == [], (path, unlabelled)
+            for table in page.locator("table").all():
+                assert table.locator("th").count() > 0
+        expect(page.get_by_role("button", name="Claim")).to_be_in_viewport()
+        assert_clean(tab)
+
+
+# -- forged posts, with httpx ---------------------------------------------------------
+
+
+class _Forms(html.parser.HTMLParser):
+    """Every inline script, style and event handler of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inline: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        names = {name for name, _ in attrs}
+        if tag == "script" and "src" not in names:
+            self.inline.append("script without src")
+        if tag == "style":
+            self.inline.append("style element")
+        self.inline += [f"{tag} {n}=" for n in names if n == "style" or n.startswith("on")]
+
+
+@contextmanager
+def signed_in_client(replica: Replica, name: str) -> Iterator[httpx.Client]:
+    """An httpx client with `name`'s session cookie, sending the console's Origin."""
+    headers = {"Origin": replica.admin}
+    with httpx.Client(base_url=replica.admin, headers=headers, timeout=10) as client:
+        answer = client.post("/console/signin", data={"token": TOKENS[name], "next": "/console/"})
+        assert answer.status_code == 303, answer.text
+        assert answer.headers["location"] == "/console/"
+        assert COOKIE in client.cookies
+        yield client
+
+
+def csrf_of(client: httpx.Client, route: str, key: str) -> str:
+    answer = client.get("/console/key", params={"route": route, "key": key})
+    assert answer.status_code == 200, answer.text
+    found = re.search(r'name="csrf" value="([^"]+)"', answer.text)
+    assert found, answer.text
+    return found.group(1)
+
+
+def ref_form(route: str, key: str, token: str | None, **more: str) -> dict[str, str]:
+    form = {"route": route, "key": key, **more}
+    if token is not None:
+        form["csrf"] = token
+    return form
+
+
+def test_every_page_sends_the_strict_csp_and_has_no_inline_script_or_style(site: Site) -> None:
+    key = unique("csp")
+    site.park(key)
+    replica = site.replicas[0]
+    with signed_in_client(replica, "alice") as client:
+        pages = {
+            "overview": client.get("/console/"),
+            "keys": client.get("/console/keys", params={"state": ["parked", "claimed"]}),
+            "rows": client.get("/console/keys/rows"),
+            "key": client.get("/console/key", params={"route": "charge", "key": key}),
+            "unknown key": client.get("/console/key", params={"route": "charge", "key": "nope"}),
+            "bad filter": client.get("/console/keys", params={"older_than": "soon"}),
+        }
+        token = csrf_of(client, "charge", key)
+        client.post("/console/claim", data=ref_form("charge", key, token))
+        with signed_in_client(site.replicas[1], "bob") as bob:
+            pages["takeover"] = bob.get("/console/takeover", params={"route": "charge", "key": key})
+    with httpx.Client(base_url=replica.admin) as anonymous:
+        pages["sign in"] = anonymous.get("/console/signin")
+        pages["forged"] = anonymous.post("/console/claim", data={})
+    expected = {"unknown key": 404, "bad filter": 400, "forged": 403}
+    for name, answer in pages.items():
+        assert answer.status_code == expected.get(name, 200), (name, answer.text)
+        assert answer.headers["content-security-policy"] == CSP, name
+        assert answer.headers["x-frame-options"] == "DENY"
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        assert answer.headers["cache-control"] == "no-store"
+        parser = _Forms()
+        parser.feed(answer.text)
+        assert parser.inline == [], (name, parser.inline)
+    assert "script-src 'self'" in CSP and "style-src 'self'" in CSP and "unsafe" not in CSP
+    assert "/admin/openapi.json" in pages["overview"].text
+
+
+def forged_cases(
+    replica: Replica, good: httpx.Client, key: str
+) -> dict[str, Callable[[], httpx.Response]]:
+    """Claims of `key` by alice (signed in on `good`), each with one thing wrong."""
+    token = csrf_of(good, "charge", key)
+    cookie = good.cookies[COOKIE]
+    session_of = good.get("/console/")  # the session is good: the page shows alice
+    assert session_of.status_code == 200 and ">alice<" in session_of.text
+    now = int(time.time())
+    secret = SECRET.encode()
+    payload, mac = cookie.split(".")
+    nonce = "n" * 22
+    expired = Session("alice", now - 9 * 3600, now - 3600, nonce)
+    bob_payload = encode(secret, Session("bob", now, now + 3600, nonce)).split(".")[0]
+
+    def post(form: dict[str, str], origin: str | None = replica.admin, value: str = cookie) -> Any:
+        headers = {"Cookie": f"{COOKIE}={value}"}
+        if origin is not None:
+            headers["Origin"] = origin
+        with httpx.Client(base_url=replica.admin, timeout=10) as client:
+            return client.post("/console/claim", data=form, headers=headers)
+
+    return {
+        "no csrf token": lambda: post(ref_form("charge", key, None)),
+        "another session's csrf token": lambda: post(
+            ref_form("charge", key, csrf.token_for(secret, expired))
+        ),
+        "wrong origin": lambda: post(ref_form("charge", key, token), "http://evil.example"),
+        "origin of another port": lambda: post(
+            ref_form("charge", key, token), "http://127.0.0.1:1"
+        ),
+        "no origin": lambda: post(ref_form("charge", key, token), None),
+        "null origin": lambda: post(ref_form("charge", key, token), "null"),
+        "expired cookie": lambda: post(
+            ref_form("charge", key, csrf.token_for(secret, expired)),
+            value=encode(secret, expired),
+        ),
+        "tampered cookie (name)": lambda: post(
+            ref_form("charge", key, token), value=f"{bob_payload}.{mac}"
+        ),
+        "tampered cookie (mac)": lambda: post(
+            ref_form("charge", key, token), value=f"{payload}.{mac[:-2]}AA"
+        ),
+        "cookie signed with another secret": lambda: post(
+            ref_form("charge", key, token),
+            value=encode(b"x" * 40, Session("alice", now, now + 3600, nonce)),
+        ),
+        "the good post": lambda: post(ref_form("charge", key, token)),
+    }
+
+
+def test_forged_posts_are_refused_and_change_nothing(site: Site) -> None:
+    key = unique("forged")
+    site.park(key)
+    replica = site.replicas[0]
+    with signed_in_client(replica, "alice") as alice:
+        cases = forged_cases(replica, alice, key)
+    good = cases.pop("the good post")
+    before = frozen(site.record("charge", key))
+    statuses = {}
+    for name, send in cases.items():
+        answer = send()
+        statuses[name] = answer.status_code
+        assert "Nothing was changed" in answer.text, (name, answer.text)
+        assert frozen(site.record("charge", key)) == before, name
+    signed_out = {"expired cookie", "tampered cookie (name)", "tampered cookie (mac)"}
+    signed_out.add("cookie signed with another secret")
+    assert statuses == {name: 401 if name in signed_out else 403 for name in cases}, statuses
+    # A sign-in has no session to be tied to: its Origin is what it is checked by.
+    for origin in ({}, {"Origin": "http://evil.example"}):
+        with httpx.Client(base_url=replica.admin, headers=origin, timeout=10) as client:
+            answer = client.post("/console/signin", data={"token": TOKENS["alice"]})
+        assert answer.status_code == 403, answer.text
+        assert "set-cookie" not in answer.headers
+    # The same post with nothing wrong is taken: the refusals above were the forgery's.
+    answer = good()
+    assert answer.status_code == 303, answer.text
+    after = site.record("charge", key)
+    assert after["state"] == "claimed" and after["holder"] == "alice"
+    assert after["history"][-1]["event"] == "claimed"
+
+
+def test_removing_an_operator_signs_them_out(site: Site, upstream: Process) -> None:
+    """Carol signed in; the config drops her and is reloaded (SIGHUP): her cookie is
+    still well signed and unexpired, and it no longer opens anything."""
+    key = unique("removed")
+    site.park(key)
+    replica = start_replica(site.tmp, config(site.redis, upstream, ["alice", "carol"], 0))
+    try:
+        with signed_in_client(replica, "carol") as carol:
+            token = csrf_of(carol, "charge", key)
+            cookie = {"Cookie": f"{COOKIE}={carol.cookies[COOKIE]}"}
+            carol.cookies.clear()
+            before = frozen(site.record("charge", key))
+            doc = replica.doc
+            operators = doc["admin"]["operators"]
+            doc["admin"]["operators"] = [o for o in operators if o["name"] != "carol"]
+            replica.write(doc)
+            replica.process.signal(signal.SIGHUP)
+            replica.process.wait_for_output("config reloaded")
+            form = ref_form("charge", key, token)
+            answer = carol.post("/console/claim", data=form, headers=cookie)
+            assert answer.status_code == 401, answer.text
+            assert "carol is no longer an operator" in answer.text
+            assert "Nothing was changed" in answer.text
+            assert frozen(site.record("charge", key)) == before
+            page = carol.get("/console/", headers=cookie)
+            assert page.status_code == 303 and "/console/signin" in page.headers["location"]
+            assert "Max-Age=0" in page.headers["set-cookie"]  # the dead cookie is removed
+            refresh = carol.get("/console/keys/rows", headers=cookie)
+            assert refresh.status_code == 401  # the live refresh stops, and says so
+        # alice, still listed, is not signed out by it
+        with signed_in_client(replica, "alice") as alice:
+            assert alice.get("/console/").status_code == 200
+    finally:
+        replica.process.stop()
