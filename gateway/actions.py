@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -60,6 +61,8 @@ LISTABLE = {
 DEFAULT_STATES = frozenset(OPEN_STATES)
 #: Headers of a stored request never shown to an operator.
 HIDDEN_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+#: A record's id as `keys.record_digest` makes it and a listing gives it.
+_DIGEST = re.compile(r"[0-9a-f]{32}")
 #: The actions counted, each with every role that may take it.
 ACTIONS = ("claim", "resolve_done", "resolve_retry")
 
@@ -182,6 +185,15 @@ async def overview(gateway: Gateway) -> dict[str, Any]:
 def locate(gateway: Gateway, route: str, key: str, digest: str | None = None) -> KeyRef:
     """Where the record of `route` and `key` lives; a scoped route's records need the
     `digest` a listing gave (DigestRequired)."""
+    if digest is not None and not _DIGEST.fullmatch(digest):
+        # The caller writes `?digest=` (or the console's form field): one that is no
+        # record id crashed the Redis store's bucket lookup (a 500, the connection
+        # reset) or read a key of the store's that no record id names.
+        raise BadOperatorRequest(
+            "The digest is not a record id: give the 32 lowercase hexadecimal "
+            "characters a listing gave as `digest`.",
+            field="digest",
+        )
     if digest is None:
         config = route_config(gateway, route)
         if config is not None and config.key is not None and config.key.scope:

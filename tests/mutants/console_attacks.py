@@ -1,0 +1,18 @@
+"""Holes found by attacking the console and the operator API from outside (issue 15's
+security review), each caught by tests/test_console_attacks.py."""
+
+from tests.mutants import Mutant
+
+T = "tests/test_console_attacks.py::"
+
+MUTANTS = [
+    Mutant(
+        name="operator-digest-not-checked",
+        path="gateway/actions.py",
+        old="    if digest is not None and not _DIGEST.fullmatch(digest):\n",
+        new="    if False:\n",
+        tests=(T + "test_a_digest_that_is_no_digest_is_a_bad_request_not_a_crash",),
+        breaks="a `?digest=` that is no record id reaches the store: on Redis, one that does "
+        "not start with hex crashes the request (500, connection reset, traceback)",
+    ),
+]

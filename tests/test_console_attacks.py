@@ -1,0 +1,160 @@
+"""Attacks on the operator console and the operator API from outside (issue 15's
+security review), each one a hole that was open until the fix it names.
+
+In process: the admin app (console included) through httpx.ASGITransport, whose peer
+address is set per client: a single-sign-on proxy of `admin.trusted_proxies` at
+10.1.2.3, anyone else at 192.0.2.7. The store is a real redis-server (the tests'
+own): a digest that is no digest crashed there, not in the memory store. What a
+browser does is in tests/test_console.py; here are the requests an attacker's page or
+script makes, sent as such.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from gateway.admin import create_admin_app
+from gateway.app import Gateway
+from gateway.config import StoreConfig
+from gateway.console.rendering import CSP
+from gateway.keys import record_digest
+from gateway.records import KeyRef, Record
+from gateway.store.redis import RedisStore
+from tests.conftest import config_for, unique
+from tests.support.servers import RedisServer
+
+pytestmark = [pytest.mark.redis, pytest.mark.anyio]
+
+ROLES = {"alice": "operator", "bob": "operator", "vera": "viewer"}
+TOKENS = {name: f"atk-{name}-" + name[0] * 24 for name in ROLES}
+SHARED = "atk-shared-" + "s" * 24
+#: The single-sign-on proxy (trusted), and anyone else.
+PROXY, STRANGER = "10.1.2.3", "192.0.2.7"
+USER = "X-Auth-Request-User"
+ORIGIN = "http://admin"
+ROUTE = "charge"
+
+
+@dataclass
+class Site:
+    gateway: Gateway
+    app: Starlette
+
+    def client(
+        self, host: str = STRANGER, headers: dict[str, str] | None = None
+    ) -> httpx.AsyncClient:
+        """A client at `host`, sending the console's Origin and `headers`."""
+        transport = httpx.ASGITransport(app=self.app, client=(host, 40000))
+        return httpx.AsyncClient(
+            transport=transport, base_url=ORIGIN, headers={"Origin": ORIGIN, **(headers or {})}
+        )
+
+    async def parked(self) -> KeyRef:
+        key = unique("atk")
+        ref = KeyRef(record_digest(ROUTE, "", key), ROUTE, key)
+        assert await self.gateway.store.claim(ref, "run-1", "fp", lease=60) is None
+        assert await self.gateway.store.mark_unresolved(ref, "run-1", "timed out", park=True)
+        return ref
+
+    async def record(self, ref: KeyRef) -> Record:
+        record = await self.gateway.store.get(ref)
+        assert record is not None
+        return record
+
+
+@pytest.fixture
+async def site(monkeypatch: pytest.MonkeyPatch, redis_server: RedisServer) -> AsyncIterator[Site]:
+    for name, token in TOKENS.items():
+        monkeypatch.setenv(f"ATK_{name.upper()}_TOKEN", token)
+    monkeypatch.setenv("ATK_SECRET", "x" * 40)
+    admin = {
+        "token": SHARED,
+        "operators": [
+            {"name": name, "role": role, "token_env": f"ATK_{name.upper()}_TOKEN"}
+            for name, role in ROLES.items()
+        ],
+        "session_secret_env": "ATK_SECRET",
+        "identity_header": USER,
+        "trusted_proxies": ["10.0.0.0/8"],
+    }
+    routes = [{"name": ROUTE, "match": {"path": "/c"}, "key": {"body": "k"}}]
+    config = config_for("http://127.0.0.1:9", routes, admin=admin)
+    store = RedisStore(
+        StoreConfig(
+            url=redis_server.url, prefix=unique("atk") + ":", socket_timeout=2, connect_timeout=2
+        )
+    )
+    gateway = Gateway(config, store=store, sweep=False)
+    await gateway.start()
+    yield Site(gateway, create_admin_app(gateway))
+    await gateway.close()
+
+
+def bearer(name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKENS[name]}"}
+
+
+def frozen(record: Record) -> dict[str, Any]:
+    doc = record.to_json()
+    return {k: v for k, v in doc.items() if k not in ("age_seconds", "state_age_seconds")}
+
+
+async def sign_in(client: httpx.AsyncClient, name: str) -> str:
+    """Signs `client` in with `name`'s token; the session's CSRF token."""
+    answer = await client.post("/console/signin", data={"token": TOKENS[name]})
+    assert answer.status_code == 303, answer.text
+    return csrf_of((await client.get("/console/")).text)
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found, page
+    return found.group(1)
+
+
+# -- a digest that is no digest --------------------------------------------------------
+
+NOT_DIGESTS = ["../../x", "", "zz", "0" * 31, "A" * 32, "0" * 32 + "0", "0" * 31 + "g"]
+
+
+@pytest.mark.parametrize("digest", NOT_DIGESTS, ids=repr)
+async def test_a_digest_that_is_no_digest_is_a_bad_request_not_a_crash(
+    site: Site, digest: str
+) -> None:
+    """`?digest=` is the caller's to write. One whose first characters were not hex
+    crashed the Redis store's bucket lookup (`int(digest[:4], 16)`): a 500, the
+    connection reset, a traceback in the log, on the API and the console alike."""
+    ref = await site.parked()
+    before = frozen(await site.record(ref))
+    path = f"/admin/keys/{ROUTE}/{ref.key}"
+    async with site.client(headers=bearer("alice")) as api:
+        answers = [
+            await api.get(path, params={"digest": digest}),
+            await api.post(path + "/claim", params={"digest": digest}, json={}),
+        ]
+    for answer in answers:
+        assert answer.status_code == 400, answer.text
+        doc = answer.json()
+        assert doc["field"] == "digest" and "32" in doc["detail"], doc
+    async with site.client() as browser:
+        token = await sign_in(browser, "alice")
+        form = {"route": ROUTE, "key": ref.key, "digest": digest}
+        page = await browser.get("/console/key", params=form)
+        form["csrf"] = token
+        post = await browser.post("/console/claim", data=form)
+    for answer in (page, post):
+        assert answer.status_code == 400, answer.text
+        assert answer.headers["content-security-policy"] == CSP
+        assert "not a record id" in answer.text
+    assert frozen(await site.record(ref)) == before
+    # The digest a listing gives still names the record.
+    async with site.client(headers=bearer("vera")) as api:
+        good = await api.get(path, params={"digest": ref.digest})
+    assert good.status_code == 200 and good.json()["state"] == "parked"
