@@ -277,6 +277,15 @@ def summary(record: Record) -> dict[str, Any]:
 
 
 async def _json_body(request: Request, limit: int) -> dict[str, Any]:
+    # A body must say it is JSON. Behind a single-sign-on proxy the identity header is
+    # added to whatever the signed-in browser sends, so another site's page could post
+    # a form (text/plain, whose body can be JSON) or a no-cors fetch and act as the
+    # operator; neither can send application/json without the server agreeing first.
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise NotJsonObject(
+            f"Send the body as Content-Type: application/json (given: {media_type or 'none'})."
+        )
     too_large = OperatorBodyTooLarge(f"This call takes a body of at most {limit} bytes.")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:

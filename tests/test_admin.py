@@ -744,8 +744,9 @@ async def test_bodies_over_the_limit_are_refused_declared_or_streamed(
         for start in range(0, len(huge), 8192):
             yield huge[start : start + 8192]
 
-    declared = await api.http.post(path(ref, "claim"), content=huge)
-    streamed = await api.http.post(path(ref, "claim"), content=chunks())
+    json_type = {"Content-Type": "application/json"}
+    declared = await api.http.post(path(ref, "claim"), content=huge, headers=json_type)
+    streamed = await api.http.post(path(ref, "claim"), content=chunks(), headers=json_type)
     assert "content-length" not in streamed.request.headers
     for answer in (declared, streamed):
         assert_problem(answer, OperatorBodyTooLarge)

@@ -158,3 +158,50 @@ async def test_a_digest_that_is_no_digest_is_a_bad_request_not_a_crash(
     async with site.client(headers=bearer("vera")) as api:
         good = await api.get(path, params={"digest": ref.digest})
     assert good.status_code == 200 and good.json()["state"] == "parked"
+
+
+# -- the operator API behind the single-sign-on proxy: a cross-site form -----------------
+
+#: What another site's page can make a browser post without asking the server first (a
+#: form's three encodings): each carries a body that parses as JSON.
+CROSS_SITE_BODIES = {
+    "text/plain": ("text/plain", b'{"force": true, "x": "="}'),
+    "urlencoded": ("application/x-www-form-urlencoded", b'{"force":true}'),
+    "multipart": ("multipart/form-data; boundary=b", b'{"force":true}'),
+    "none": ("", b'{"force":true}'),
+}
+
+
+@pytest.mark.parametrize("kind", CROSS_SITE_BODIES, ids=CROSS_SITE_BODIES.keys())
+async def test_a_cross_site_form_cannot_act_through_the_sso_proxy(site: Site, kind: str) -> None:
+    """Behind oauth2-proxy the identity header is an ambient credential: the proxy adds
+    it to whatever the signed-in browser sends, its cookie is sent on a cross-site
+    form post (SameSite=Lax allows top-level posts for two minutes in Chromium; a
+    sibling subdomain is same-site), and an HTML form can post `text/plain` whose body
+    is JSON. The operator API read any body as JSON, whatever its Content-Type, so
+    evil.example's page claimed and resolved keys as the operator. A body must say it
+    is JSON: a type no cross-site form or no-cors fetch can send."""
+    content_type, body = CROSS_SITE_BODIES[kind]
+    ref = await site.parked()
+    assert (await site.gateway.store.operator_claim(ref, "bob", False)).ok
+    before = frozen(await site.record(ref))
+    forged = {USER: "alice", "Origin": "http://evil.example"}
+    if content_type:
+        forged["Content-Type"] = content_type
+    path = f"/admin/keys/{ROUTE}/{ref.key}"
+    resolve = b'{"outcome": "retry", "x": "="}'
+    async with site.client(PROXY, headers=forged) as proxied:
+        answers = [
+            await proxied.post(path + "/claim", content=body),
+            await proxied.post(path + "/resolve", content=resolve),
+        ]
+    for answer in answers:
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["type"].endswith("/not-a-json-object"), answer.text
+        assert "Content-Type: application/json" in answer.json()["detail"]
+    assert frozen(await site.record(ref)) == before
+    # The same call that says it is JSON, as the CLI and every HTTP client send it.
+    async with site.client(PROXY, headers={USER: "alice"}) as proxied:
+        taken = await proxied.post(path + "/claim", json={"force": True})
+    assert taken.status_code == 200, taken.text
+    assert (await site.record(ref)).holder == "alice"

@@ -15,4 +15,13 @@ MUTANTS = [
         breaks="a `?digest=` that is no record id reaches the store: on Redis, one that does "
         "not start with hex crashes the request (500, connection reset, traceback)",
     ),
+    Mutant(
+        name="operator-api-body-of-any-type",
+        path="gateway/admin.py",
+        old='    if media_type != "application/json":\n',
+        new="    if False:\n",
+        tests=(T + "test_a_cross_site_form_cannot_act_through_the_sso_proxy",),
+        breaks="the operator API reads any body as JSON: behind a single-sign-on proxy, "
+        "another site's text/plain form takes over and resolves keys as the operator",
+    ),
 ]
