@@ -205,3 +205,42 @@ async def test_a_cross_site_form_cannot_act_through_the_sso_proxy(site: Site, ki
         taken = await proxied.post(path + "/claim", json={"force": True})
     assert taken.status_code == 200, taken.text
     assert (await site.record(ref)).holder == "alice"
+
+
+# -- a console session behind the single-sign-on proxy ---------------------------------
+
+
+async def test_a_console_session_yields_to_the_user_the_sso_proxy_names(site: Site) -> None:
+    """Behind the proxy, its header says who is at the browser on every request. bob
+    signed in through it; then the browser is alice's (bob signed out of the proxy on
+    a shared machine, or the proxy's session changed hands): the console cookie still
+    said bob, and alice read and acted as bob until it expired. A session whose name
+    is not the one the trusted proxy sends is no session: the page signs in again,
+    as alice, and a post is refused."""
+    ref = await site.parked()
+    async with site.client(PROXY, headers={USER: "bob"}) as browser:
+        answer = await browser.get("/console/signin")
+        assert answer.status_code == 303, answer.text
+        token = csrf_of((await browser.get("/console/")).text)
+        browser.headers[USER] = "alice"
+        before = frozen(await site.record(ref))
+        form = {"route": ROUTE, "key": ref.key, "digest": ref.digest, "csrf": token}
+        post = await browser.post("/console/claim", data=form)
+        assert post.status_code == 401, post.text
+        assert "Nothing was changed" in post.text
+        assert frozen(await site.record(ref)) == before
+        page = await browser.get("/console/keys")
+        assert page.status_code == 303 and page.headers["location"].startswith("/console/signin")
+        again = await browser.get(page.headers["location"])
+        assert again.status_code == 303 and again.headers["location"] == "/console/keys"
+        mine = await browser.get("/console/keys")
+        assert '<strong class="me">alice</strong>' in mine.text
+        # A name the proxy sends that is nobody's: no session either.
+        browser.headers[USER] = "mallory"
+        assert (await browser.get("/console/")).status_code == 303
+        assert (await browser.get("/console/keys/rows")).status_code == 401
+    # Without the header (the proxy sends it only when configured so, or a token
+    # sign-in on a direct connection), the session is the cookie's, as before.
+    async with site.client(PROXY) as direct:
+        await sign_in(direct, "bob")
+        assert '<strong class="me">bob</strong>' in (await direct.get("/console/")).text

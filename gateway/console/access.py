@@ -2,7 +2,8 @@
 
 A page is shown to a signed-in operator: a session cookie (console/session.py) that
 the secret signed, that has not expired, and whose name is in the current operator
-list (`Gateway.operators`, rebuilt on reload), which also gives the role. A post
+list (`Gateway.operators`, rebuilt on reload), which also gives the role; behind a
+single-sign-on proxy, one whose name is the one the proxy's header sends. A post
 needs that and more: an Origin that is the console's own and the session's CSRF
 token (console/csrf.py), checked before the form is acted on. Anything less is
 refused and changes nothing.
@@ -96,7 +97,29 @@ def visitor(request: Request) -> Visitor:
     operator = gateway.operators.by_name(session.name)
     if operator is None:
         raise SignedOut(f"{session.name} is no longer an operator of this gateway.")
+    if _proxy_names_another(request, gateway, session.name):
+        # Behind the single-sign-on proxy its header says who is at this browser now
+        # (the proxy's session may have changed hands since this cookie was issued):
+        # a cookie naming someone else must not let them act as that person.
+        raise SignedOut(
+            f"The single-sign-on proxy no longer names {session.name} at this browser; "
+            "sign in again."
+        )
     return Visitor(operator, session, csrf.token_for(secret, session))
+
+
+def _proxy_names_another(request: Request, gateway: Gateway, name: str) -> bool:
+    """Whether a trusted proxy's identity header names someone other than `name`
+    (or names several). Without the header, or from an address that is no trusted
+    proxy (where anyone can send it), the session is the cookie's."""
+    operators = gateway.operators
+    if not operators.identity_header:
+        return False
+    names = request.headers.getlist(operators.identity_header)
+    host = request.client.host if request.client else None
+    if not names or not operators.trusts(host):
+        return False
+    return len(names) > 1 or names[0].strip() != name
 
 
 async def posted_form(request: Request, limit: int) -> dict[str, str]:

@@ -24,4 +24,13 @@ MUTANTS = [
         breaks="the operator API reads any body as JSON: behind a single-sign-on proxy, "
         "another site's text/plain form takes over and resolves keys as the operator",
     ),
+    Mutant(
+        name="console-session-outranks-the-sso-proxy",
+        path="gateway/console/access.py",
+        old="    if _proxy_names_another(request, gateway, session.name):\n",
+        new="    if False:\n",
+        tests=(T + "test_a_console_session_yields_to_the_user_the_sso_proxy_names",),
+        breaks="behind the single-sign-on proxy, a console cookie outlives the proxy's "
+        "user: the next person at a shared browser acts as the previous one",
+    ),
 ]
