@@ -37,8 +37,9 @@ from gateway.errors import (
     ProblemError,
     StoreError,
     StoreUnavailable,
+    Unauthorized,
 )
-from gateway.operators import Operator
+from gateway.operators import Operator, audit_sign_in
 from gateway.records import KeyRef, Record
 
 if TYPE_CHECKING:
@@ -105,7 +106,12 @@ def authenticate(request: Request) -> tuple[Gateway, Operator]:
     operators are the current config's: a reload that removes one refuses them."""
     gateway = gateway_of(request)
     client = request.client.host if request.client is not None else None
-    return gateway, gateway.operators.authenticate(request.headers, client)
+    try:
+        return gateway, gateway.operators.authenticate(request.headers, client)
+    except Unauthorized as exc:
+        # A wrong or missing token is logged: the only trace of someone guessing.
+        audit_sign_in(client_of(request), client, None, exc.slug, exc.detail or exc.title)
+        raise
 
 
 # -- health, readiness, metrics: no token -----------------------------------------------

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -34,6 +35,8 @@ from gateway.config import AdminConfig
 from gateway.errors import NotYourName, OperatorApiDisabled, OperatorRequired, Unauthorized
 
 Via = Literal["token", "shared_token", "identity_header", "session"]
+
+log = logging.getLogger("gateway.operator")
 
 #: How the shared token's actions are recorded: `alice (shared token)`.
 SHARED_MARK = " (shared token)"
@@ -168,3 +171,37 @@ def _values(headers: Mapping[str, str], name: str) -> list[str]:
         return list(getlist(name))
     value = headers.get(name)
     return [] if value is None else [value]
+
+
+def audit_sign_in(
+    client: str, peer: str | None, operator: Operator | None, refused: str = "", why: str = ""
+) -> None:
+    """One log line per console sign-in (info), and per sign-in or API call whose
+    credentials were refused (a warning). Nothing throttles a guess, so these lines
+    are what shows someone trying tokens: from which address, through which client,
+    why. Never a token: `why` is the refusal's own words, which quote none."""
+    fields = {
+        "action": "sign_in",
+        "operator": operator.name if operator is not None else "",
+        "via": operator.via if operator is not None else "",
+        "client": client,
+        "peer": peer or "",
+    }
+    if refused:
+        fields["refused"] = refused
+        log.warning(
+            "%s: credentials refused from %s: %s",
+            client,
+            peer or "unknown",
+            why,
+            extra={"fields": fields},
+        )
+    else:
+        log.info(
+            "operator %s signed in to the %s from %s (via %s)",
+            fields["operator"],
+            client,
+            peer or "unknown",
+            fields["via"],
+            extra={"fields": fields},
+        )

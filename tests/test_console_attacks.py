@@ -11,6 +11,7 @@ script makes, sent as such.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -244,3 +245,56 @@ async def test_a_console_session_yields_to_the_user_the_sso_proxy_names(site: Si
     async with site.client(PROXY) as direct:
         await sign_in(direct, "bob")
         assert '<strong class="me">bob</strong>' in (await direct.get("/console/")).text
+
+
+# -- guessing tokens -------------------------------------------------------------------
+
+
+def refusals(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [
+        getattr(r, "fields", {})
+        for r in caplog.records
+        if r.name == "gateway.operator" and getattr(r, "fields", {}).get("action") == "sign_in"
+    ]
+
+
+async def test_refused_sign_ins_and_tokens_are_logged_and_never_the_token(
+    site: Site, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing throttles a guess (tokens are at least 16 characters; keygen's are 256
+    bits), but a guess left no trace at all: a wrong token at the console's sign-in or
+    the operator API answered 401 and the log said nothing, so nobody could see or
+    alert on someone trying tokens. Each refusal is one warning now, from which
+    address and why; a console sign-in is one info line. Never a token."""
+    guesses = ["atk-alice-" + "x" * 24, "", SHARED]
+    with caplog.at_level(logging.INFO, "gateway.operator"):
+        async with site.client() as browser:
+            for guess in guesses:
+                answer = await browser.post("/console/signin", data={"token": guess})
+                assert answer.status_code == 401, answer.text
+            assert (
+                await browser.post("/console/signin", data={"token": TOKENS["vera"]})
+            ).status_code == 303
+        async with site.client() as api:
+            wrong = {"Authorization": "Bearer " + guesses[0]}
+            assert (await api.get("/admin/me", headers=wrong)).status_code == 401
+            assert (await api.get("/admin/me")).status_code == 401
+        async with site.client(PROXY, headers={USER: "mallory"}) as proxied:
+            assert (await proxied.get("/admin/me")).status_code == 401
+    lines = refusals(caplog)
+    assert [(f["client"], f["peer"], f.get("refused", ""), f["operator"]) for f in lines] == [
+        ("console", STRANGER, "unauthorized", ""),
+        ("console", STRANGER, "unauthorized", ""),
+        ("console", STRANGER, "shared-token", ""),
+        ("console", STRANGER, "", "vera"),
+        ("api", STRANGER, "unauthorized", ""),
+        ("api", STRANGER, "unauthorized", ""),
+        ("api", PROXY, "unauthorized", ""),
+    ], lines
+    levels = [
+        r.levelname for r in caplog.records if getattr(r, "fields", {}).get("action") == "sign_in"
+    ]
+    assert levels == ["WARNING"] * 3 + ["INFO"] + ["WARNING"] * 3
+    assert "names no operator" in caplog.text and "mallory" not in caplog.text
+    logged = caplog.text + repr([r.__dict__ for r in caplog.records])
+    assert not any(token in logged for token in (*TOKENS.values(), SHARED, guesses[0]))

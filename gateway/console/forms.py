@@ -30,6 +30,7 @@ from gateway.console.rendering import PREFIX, key_url, page
 from gateway.console.session import clearing_header, issue
 from gateway.console.wording import Refusal, refusal_for
 from gateway.errors import BadResponse, OperatorRefusal
+from gateway.operators import audit_sign_in
 from gateway.records import KeyRef, State
 
 #: The console asks for a note on every `done` (the API leaves it optional); said
@@ -50,6 +51,7 @@ async def signin(request: Request) -> Response:
     form = await posted_form(request, FORM_OVERHEAD)
     target = pages.safe_next(form.get("next"))
     operator = gateway.operators.by_token(form.get("token", "").strip())
+    peer = request.client.host if request.client else None
     if operator is None or operator.via != "token":
         words = (
             "The shared admin.token is for scripts and the CLI; sign in with your own "
@@ -57,10 +59,13 @@ async def signin(request: Request) -> Response:
             if operator is not None
             else "That is not the token of any operator of this gateway."
         )
+        refused = "shared-token" if operator is not None else "unauthorized"
+        audit_sign_in("console", peer, None, refused, words)
         context = pages.base(None) | {"next": target}
         context["refusal"] = Refusal("Not signed in", words)
         return page(request, "signin.html", context, 401)
     _, cookie = issue(secret, operator.name)
+    audit_sign_in("console", peer, operator)
     return pages.signed_in(request, cookie, target)
 
 

@@ -28,7 +28,7 @@ from gateway.console.session import clearing_header, cookie_header, issue
 from gateway.console.timeline import timeline
 from gateway.console.wording import Refusal, notice_for, refusal_for
 from gateway.errors import BadFilter, OperatorRefusal, Unauthorized
-from gateway.operators import Role
+from gateway.operators import Role, audit_sign_in
 from gateway.records import KeyRef, Record, State
 
 #: What the keys page shows when no state is ticked: the keys that wait for a person.
@@ -175,10 +175,13 @@ async def signin_page(request: Request) -> Response:
         host = request.client.host if request.client else None
         try:
             operator = operators.authenticate(request.headers, host)
-        except Unauthorized:
+        except Unauthorized as exc:
             operator = None
+            if operators.trusts(host):  # the proxy named nobody; from elsewhere: ignored
+                audit_sign_in("console", host, None, exc.slug, exc.detail or exc.title)
         if operator is not None and operator.via == "identity_header":
             _, value = issue(secret, operator.name)
+            audit_sign_in("console", host, operator)
             return signed_in(request, value, target)
     try:
         who: Visitor | None = visitor(request)

@@ -33,4 +33,13 @@ MUTANTS = [
         breaks="behind the single-sign-on proxy, a console cookie outlives the proxy's "
         "user: the next person at a shared browser acts as the previous one",
     ),
+    Mutant(
+        name="refused-credentials-not-logged",
+        path="gateway/operators.py",
+        old="        log.warning(\n",
+        new="        log.debug(\n",
+        tests=(T + "test_refused_sign_ins_and_tokens_are_logged_and_never_the_token",),
+        breaks="a wrong token at the console or the API leaves no log line: someone "
+        "guessing tokens is never seen",
+    ),
 ]
