@@ -431,19 +431,26 @@ def test_forged_posts_are_refused_and_change_nothing(site: Site) -> None:
 
 def test_removing_an_operator_signs_them_out(site: Site, upstream: Process) -> None:
     """Carol signed in; the config drops her and is reloaded (SIGHUP): her cookie is
-    still well signed and unexpired, and it no longer opens anything."""
+    still well signed and unexpired, and it no longer opens anything. The same reload
+    makes alice, signed in as an operator, a viewer: her session stays, and her next
+    claim is refused (the cookie names her; her role is the current config's)."""
     key = unique("removed")
     site.park(key)
     replica = start_replica(site.tmp, config(site.redis, upstream, ["alice", "carol"], 0))
     try:
-        with signed_in_client(replica, "carol") as carol:
+        with (
+            signed_in_client(replica, "carol") as carol,
+            signed_in_client(replica, "alice") as demoted,
+        ):
             token = csrf_of(carol, "charge", key)
+            alice_token = csrf_of(demoted, "charge", key)
             cookie = {"Cookie": f"{COOKIE}={carol.cookies[COOKIE]}"}
             carol.cookies.clear()
             before = frozen(site.record("charge", key))
             doc = replica.doc
             operators = doc["admin"]["operators"]
             doc["admin"]["operators"] = [o for o in operators if o["name"] != "carol"]
+            doc["admin"]["operators"][0]["role"] = "viewer"  # alice
             replica.write(doc)
             replica.process.signal(signal.SIGHUP)
             replica.process.wait_for_output("config reloaded")
@@ -458,6 +465,10 @@ def test_removing_an_operator_signs_them_out(site: Site, upstream: Process) -> N
             assert "Max-Age=0" in page.headers["set-cookie"]  # the dead cookie is removed
             refresh = carol.get("/console/keys/rows", headers=cookie)
             assert refresh.status_code == 401  # the live refresh stops, and says so
+            refused = demoted.post("/console/claim", data=ref_form("charge", key, alice_token))
+            assert refused.status_code == 403 and "alice is a viewer" in refused.text
+            assert frozen(site.record("charge", key)) == before
+            assert "(viewer)" in demoted.get("/console/").text
         # alice, still listed, is not signed out by it
         with signed_in_client(replica, "alice") as alice:
             assert alice.get("/console/").status_code == 200

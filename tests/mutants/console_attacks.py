@@ -42,4 +42,17 @@ MUTANTS = [
         breaks="a wrong token at the console or the API leaves no log line: someone "
         "guessing tokens is never seen",
     ),
+    Mutant(
+        name="console-role-of-the-sign-in",
+        path="gateway/console/access.py",
+        old="    operator = gateway.operators.by_name(session.name)\n",
+        new="    operator = gateway.operators.by_name(session.name) and Operator(\n"
+        "        session.name,\n"
+        '        __import__("gateway.operators", fromlist=["Role"]).Role.OPERATOR,\n'
+        '        "session",\n'
+        "    )\n",
+        tests=("tests/test_console.py::test_removing_an_operator_signs_them_out",),
+        breaks="a session keeps the role its operator had at sign-in: an operator made a "
+        "viewer by a reload goes on claiming and resolving until the cookie expires",
+    ),
 ]
