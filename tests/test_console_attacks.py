@@ -215,9 +215,9 @@ async def test_a_console_session_yields_to_the_user_the_sso_proxy_names(site: Si
     """Behind the proxy, its header says who is at the browser on every request. bob
     signed in through it; then the browser is alice's (bob signed out of the proxy on
     a shared machine, or the proxy's session changed hands): the console cookie still
-    said bob, and alice read and acted as bob until it expired. A session whose name
-    is not the one the trusted proxy sends is no session: the page signs in again,
-    as alice, and a post is refused."""
+    said bob, and alice read and acted as bob until it expired. A session the proxy
+    made lasts while the proxy names its operator; one the header names another
+    operator than is over too: a post is refused, the next page signs in alice."""
     ref = await site.parked()
     async with site.client(PROXY, headers={USER: "bob"}) as browser:
         answer = await browser.get("/console/signin")
@@ -240,9 +240,16 @@ async def test_a_console_session_yields_to_the_user_the_sso_proxy_names(site: Si
         browser.headers[USER] = "mallory"
         assert (await browser.get("/console/")).status_code == 303
         assert (await browser.get("/console/keys/rows")).status_code == 401
-    # Without the header (the proxy sends it only when configured so, or a token
-    # sign-in on a direct connection), the session is the cookie's, as before.
-    async with site.client(PROXY) as direct:
+    # A token made the session: the header vouches for nobody here, and while it names
+    # no operator (a proxy user who is none signed in with their token), the session
+    # is the token's. Once it names another operator, that operator is at the browser.
+    async with site.client(PROXY, headers={USER: "oncall"}) as shared:
+        await sign_in(shared, "bob")
+        assert '<strong class="me">bob</strong>' in (await shared.get("/console/")).text
+        shared.headers[USER] = "alice"
+        assert (await shared.get("/console/")).status_code == 303
+    # From an address that is no trusted proxy, the header is anyone's: ignored.
+    async with site.client(STRANGER, headers={USER: "alice"}) as direct:
         await sign_in(direct, "bob")
         assert '<strong class="me">bob</strong>' in (await direct.get("/console/")).text
 

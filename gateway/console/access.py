@@ -97,7 +97,7 @@ def visitor(request: Request) -> Visitor:
     operator = gateway.operators.by_name(session.name)
     if operator is None:
         raise SignedOut(f"{session.name} is no longer an operator of this gateway.")
-    if _proxy_names_another(request, gateway, session.name):
+    if _proxy_disowns(request, gateway, session):
         # Behind the single-sign-on proxy its header says who is at this browser now
         # (the proxy's session may have changed hands since this cookie was issued):
         # a cookie naming someone else must not let them act as that person.
@@ -108,10 +108,13 @@ def visitor(request: Request) -> Visitor:
     return Visitor(operator, session, csrf.token_for(secret, session))
 
 
-def _proxy_names_another(request: Request, gateway: Gateway, name: str) -> bool:
-    """Whether a trusted proxy's identity header names someone other than `name`
-    (or names several). Without the header, or from an address that is no trusted
-    proxy (where anyone can send it), the session is the cookie's."""
+def _proxy_disowns(request: Request, gateway: Gateway, session: Session) -> bool:
+    """Whether a trusted proxy's identity header says this session is not the
+    browser's: it names several people, another operator of the list, or (for a
+    session the header itself made) anyone but the session's operator. Without the
+    header, or from an address that is no trusted proxy (where anyone can send it),
+    the session is the cookie's; so is one a token made, while the header names
+    nobody of the list (a proxy user who is no operator signed in with a token)."""
     operators = gateway.operators
     if not operators.identity_header:
         return False
@@ -119,7 +122,12 @@ def _proxy_names_another(request: Request, gateway: Gateway, name: str) -> bool:
     host = request.client.host if request.client else None
     if not names or not operators.trusts(host):
         return False
-    return len(names) > 1 or names[0].strip() != name
+    if len(names) > 1:
+        return True
+    named = names[0].strip()
+    if named == session.name:
+        return False
+    return session.made_by == "identity_header" or operators.by_name(named) is not None
 
 
 async def posted_form(request: Request, limit: int) -> dict[str, str]:

@@ -180,7 +180,7 @@ async def signin_page(request: Request) -> Response:
             if operators.trusts(host):  # the proxy named nobody; from elsewhere: ignored
                 audit_sign_in("console", host, None, exc.slug, exc.detail or exc.title)
         if operator is not None and operator.via == "identity_header":
-            _, value = issue(secret, operator.name)
+            _, value = issue(secret, operator.name, made_by="identity_header")
             audit_sign_in("console", host, operator)
             return signed_in(request, value, target)
     try:

@@ -1,6 +1,6 @@
 """The console's session: a signed, expiring cookie that names an operator.
 
-    value = base64url(JSON [version, name, issued_s, expires_s, nonce]) "." base64url(MAC)
+    value = base64url(JSON [version, name, issued_s, expires_s, nonce, made_by]) "." base64url(MAC)
     MAC   = HMAC-SHA256(key, payload), key = HMAC-SHA256(secret, "... session")
 
 The secret is `admin.session_secret` (read from the environment variable that
@@ -13,6 +13,10 @@ next click.
 
 The nonce ties the CSRF token (console/csrf.py) to this one session: a token taken
 from an earlier session, or from another operator's, is worth nothing here.
+
+`made_by` says what signed the operator in: their token ("token"), or the
+single-sign-on proxy's identity header ("identity_header"), whose word a session it
+made depends on for as long as it lasts (console/access.py).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class Session:
     expires_s: int
     #: random, per sign-in: what the CSRF token is bound to
     nonce: str
+    #: "token" or "identity_header": what signed the operator in
+    made_by: str = "token"
 
 
 def derived_key(secret: bytes, purpose: str) -> bytes:
@@ -61,15 +67,20 @@ def _mac(secret: bytes, payload: str) -> bytes:
     return hmac.new(derived_key(secret, "session"), payload.encode(), hashlib.sha256).digest()
 
 
-def issue(secret: bytes, name: str, now: float | None = None) -> tuple[Session, str]:
+def issue(
+    secret: bytes, name: str, now: float | None = None, made_by: str = "token"
+) -> tuple[Session, str]:
     """A new session for `name`, and the cookie value that carries it."""
     issued = int(time.time() if now is None else now)
-    session = Session(name, issued, issued + SESSION_TTL, secrets.token_urlsafe(16))
+    session = Session(name, issued, issued + SESSION_TTL, secrets.token_urlsafe(16), made_by)
     return session, encode(secret, session)
 
 
 def encode(secret: bytes, session: Session) -> str:
-    doc = [_VERSION, session.name, session.issued_s, session.expires_s, session.nonce]
+    doc = [
+        _VERSION, session.name, session.issued_s, session.expires_s, session.nonce,
+        session.made_by,
+    ]  # fmt: skip
     payload = _b64(json.dumps(doc, separators=(",", ":")).encode())
     return f"{payload}.{_b64(_mac(secret, payload))}"
 
@@ -88,17 +99,19 @@ def decode(secret: bytes, value: str, now: float | None = None) -> Session | Non
     if not hmac.compare_digest(mac.encode(), _b64(_mac(secret, payload)).encode()):
         return None
     try:
-        version, name, issued, expires, nonce = json.loads(_unb64(payload))
+        version, name, issued, expires, nonce, made_by = json.loads(_unb64(payload))
     except (ValueError, TypeError):
         return None
     if version != _VERSION or not isinstance(name, str) or not isinstance(nonce, str):
+        return None
+    if made_by not in ("token", "identity_header"):
         return None
     if not isinstance(issued, int) or not isinstance(expires, int):
         return None
     moment = time.time() if now is None else now
     if not issued - CLOCK_SKEW <= moment < expires:
         return None
-    return Session(name, issued, expires, nonce)
+    return Session(name, issued, expires, nonce, made_by)
 
 
 def cookie_header(value: str, secure: bool, max_age: int = SESSION_TTL) -> str:

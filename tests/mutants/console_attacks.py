@@ -27,7 +27,7 @@ MUTANTS = [
     Mutant(
         name="console-session-outranks-the-sso-proxy",
         path="gateway/console/access.py",
-        old="    if _proxy_names_another(request, gateway, session.name):\n",
+        old="    if _proxy_disowns(request, gateway, session):\n",
         new="    if False:\n",
         tests=(T + "test_a_console_session_yields_to_the_user_the_sso_proxy_names",),
         breaks="behind the single-sign-on proxy, a console cookie outlives the proxy's "
