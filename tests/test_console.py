@@ -46,6 +46,7 @@ from tests.support.console_site import (
     start_replica,
 )
 from tests.support.servers import Process
+from tests.support.sso_proxy import sso_front
 
 pytestmark = [pytest.mark.browser, pytest.mark.process, pytest.mark.redis]
 
@@ -472,5 +473,54 @@ def test_removing_an_operator_signs_them_out(site: Site, upstream: Process) -> N
         # alice, still listed, is not signed out by it
         with signed_in_client(replica, "alice") as alice:
             assert alice.get("/console/").status_code == 200
+    finally:
+        replica.process.stop()
+
+
+def test_the_console_behind_the_readmes_single_sign_on_proxy(
+    site: Site, upstream: Process, tabs: Callable[..., Tab]
+) -> None:
+    """README's nginx block, verbatim, with a stand-in for oauth2-proxy that signs in
+    whoever the browser's `sso_user` cookie names, in front of a gateway trusting
+    nginx's address. Nobody types a token: the header signs alice in, and her claim is
+    taken (README's block once sent nginx's own Host, so every post's Origin looked
+    forged: 403). Another site's page (same site: another port of this host, so the
+    proxy's Lax cookie goes along) posts a text/plain form whose body is JSON to the
+    operator API: refused, nothing changes. Then the browser changes hands at the
+    proxy: the next page is bob's, not alice's session."""
+    doc = config(site.redis, upstream, ["alice", "bob"], 0)
+    doc["admin"] |= {"identity_header": "X-Auth-Request-User", "trusted_proxies": ["127.0.0.1"]}
+    replica = start_replica(site.tmp, doc)
+    mine, forged = unique("sso"), unique("sso-forged")
+    site.park(mine)
+    site.park(forged)
+    try:
+        with sso_front(site.tmp, replica.admin) as front:
+            tab = tabs()
+            person = {"name": "sso_user", "url": front.url, "sameSite": "Lax"}
+            tab.context.add_cookies([person | {"value": "alice"}])  # type: ignore[list-item]
+            page = tab.page
+            page.goto(front.url + "/console/keys?route=charge")
+            expect(page.locator(".me")).to_have_text("alice")
+            key_row(page, mine).get_by_role("link", name=mine, exact=True).click()
+            page.get_by_role("button", name="Claim").click()
+            expect(page.get_by_role("status")).to_contain_text("You hold this key")
+            assert site.record("charge", mine)["holder"] == "alice"
+
+            before = frozen(site.record("charge", forged))
+            other = tab.context.new_page()
+            target = quote(f"{front.url}/admin/keys/charge/{forged}/claim", safe="")
+            other.goto(f"{front.other_site}/evil?target={target}")
+            with other.expect_response(lambda r: "/admin/keys/" in r.url) as answer:
+                other.get_by_role("button", name="Win a prize").click()
+            assert answer.value.status == 400, answer.value.text()
+            assert "application/json" in answer.value.json()["detail"]
+            assert frozen(site.record("charge", forged)) == before
+            other.close()
+
+            tab.context.add_cookies([person | {"value": "bob"}])  # type: ignore[list-item]
+            page.goto(front.url + "/console/")
+            expect(page.locator(".me")).to_have_text("bob")
+            assert_clean(tab)
     finally:
         replica.process.stop()

@@ -4,6 +4,7 @@ security review), each caught by tests/test_console_attacks.py."""
 from tests.mutants import Mutant
 
 T = "tests/test_console_attacks.py::"
+SSO = "tests/test_console.py::test_the_console_behind_the_readmes_single_sign_on_proxy"
 
 MUTANTS = [
     Mutant(
@@ -20,7 +21,10 @@ MUTANTS = [
         path="gateway/admin.py",
         old='    if media_type != "application/json":\n',
         new="    if False:\n",
-        tests=(T + "test_a_cross_site_form_cannot_act_through_the_sso_proxy",),
+        tests=(
+            T + "test_a_cross_site_form_cannot_act_through_the_sso_proxy",
+            SSO,
+        ),
         breaks="the operator API reads any body as JSON: behind a single-sign-on proxy, "
         "another site's text/plain form takes over and resolves keys as the operator",
     ),
@@ -29,7 +33,10 @@ MUTANTS = [
         path="gateway/console/access.py",
         old="    if _proxy_disowns(request, gateway, session):\n",
         new="    if False:\n",
-        tests=(T + "test_a_console_session_yields_to_the_user_the_sso_proxy_names",),
+        tests=(
+            T + "test_a_console_session_yields_to_the_user_the_sso_proxy_names",
+            SSO,
+        ),
         breaks="behind the single-sign-on proxy, a console cookie outlives the proxy's "
         "user: the next person at a shared browser acts as the previous one",
     ),
@@ -54,5 +61,14 @@ MUTANTS = [
         tests=("tests/test_console.py::test_removing_an_operator_signs_them_out",),
         breaks="a session keeps the role its operator had at sign-in: an operator made a "
         "viewer by a reload goes on claiming and resolving until the cookie expires",
+    ),
+    Mutant(
+        name="readme-nginx-block-without-host",
+        path="README.md",
+        old="    proxy_set_header Host $http_host;",
+        new="   ",
+        tests=(SSO,),
+        breaks="README's nginx block sends nginx's own Host: behind it, the console refuses "
+        "every claim and resolve as a forged post",
     ),
 ]
