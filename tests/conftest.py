@@ -13,6 +13,7 @@ from gateway.store.base import Store
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
 from tests.support.ledger import LEDGER, Ledger
+from tests.support.postgres import PostgresServer
 from tests.support.servers import ROOT, Process, RedisServer, upstream_server
 from tests.support.topologies import ClusterSetup
 
@@ -43,6 +44,18 @@ def redis_server() -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """The session's own PostgreSQL (initdb into a temp dir, a free port; never the
+    machine's service), durable as production runs it. Each store gets a prefix of its
+    own in its one database; tests that crash or restart it start their own."""
+    server = PostgresServer()
+    server.start()
+    yield server
+    server.stop()
+    server.remove()
 
 
 @pytest.fixture(scope="session")
