@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
@@ -11,6 +14,8 @@ from gateway.app import Gateway, ProxyApp
 from gateway.config import Config, StoreConfig, parse_config
 from gateway.store.base import Store
 from gateway.store.memory import MemoryStore
+from gateway.store.postgres import PostgresStore
+from gateway.store.postgres_schema import migrate
 from gateway.store.redis import RedisStore
 from tests.support.ledger import LEDGER, Ledger
 from tests.support.postgres import PostgresServer
@@ -59,6 +64,28 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 
 @pytest.fixture(scope="session")
+def postgres_database(postgres_server: PostgresServer) -> PostgresServer:
+    """The session's PostgreSQL with the gateway's schema (`store migrate`, once)."""
+    migrate_database(postgres_server.url)
+    return postgres_server
+
+
+def migrate_database(url: str) -> None:
+    """What `idempotency-gateway store migrate` does, for a test's own database."""
+
+    async def run() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+
+    # In a thread of its own: fixtures asking for it may run inside an event loop.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, run()).result()
+
+
+@pytest.fixture(scope="session")
 def upstream() -> Iterator[Process]:
     server = upstream_server()
     server.start()
@@ -83,6 +110,7 @@ ALL_STORES = [
     "memory",
     pytest.param("redis", marks=pytest.mark.redis),
     pytest.param("cluster", marks=[pytest.mark.redis, pytest.mark.cluster]),
+    pytest.param("postgres", marks=pytest.mark.postgres),
 ]
 
 
@@ -105,6 +133,13 @@ def make_store(store_kind: str, request: pytest.FixtureRequest) -> Callable[[], 
             return RedisStore(
                 StoreConfig(
                     cluster_nodes=nodes, prefix=prefix, socket_timeout=1.0, connect_timeout=1.0
+                )
+            )
+        if store_kind == "postgres":
+            database: PostgresServer = request.getfixturevalue("postgres_database")
+            return PostgresStore(
+                StoreConfig(
+                    url=database.url, prefix=prefix, socket_timeout=2.0, connect_timeout=2.0
                 )
             )
         server: RedisServer = request.getfixturevalue("redis_server")

@@ -1,4 +1,5 @@
-"""One contract, both stores: what every method of Store promises."""
+"""One contract, every store (memory, Redis, Cluster, PostgreSQL): what every method
+of Store promises."""
 
 from __future__ import annotations
 
@@ -162,10 +163,11 @@ async def test_info_reports_the_eviction_policy_and_persistence(
     store: Store, store_kind: str
 ) -> None:
     """The stores the tests start never evict; Redis ones run without AOF, the
-    memory store has nothing to persist."""
+    PostgreSQL one commits to disk (fsync, synchronous_commit), the memory store has
+    nothing to persist."""
     info = await store.info()
     assert info.maxmemory_policy == "noeviction" and not info.evicts
-    assert info.aof == ("n/a" if store_kind == "memory" else "no")
+    assert info.aof == {"memory": "n/a", "postgres": "yes"}.get(store_kind, "no")
     assert info.refusal(allow_eviction=False) == "" and not info.error
     assert await store.info() == info  # a second look changes nothing
 
