@@ -59,7 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(
                 f"error: {path}: store.url is memory://, which lives inside one process; "
                 f"{args.workers} workers would each have their own keys and run duplicates. "
-                "Use a Redis store, or --workers 1.",
+                "Use a Redis or PostgreSQL store, or --workers 1.",
                 file=sys.stderr,
             )
             return 1
@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=1,
-        help="worker processes sharing the listeners (Redis stores)",
+        help="worker processes sharing the listeners (Redis and PostgreSQL stores)",
     )
     run.set_defaults(func=cmd_run)
 

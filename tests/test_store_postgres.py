@@ -367,3 +367,28 @@ async def test_two_gateway_processes_on_one_database_run_each_key_once(
     finally:
         for gateway in gateways:
             gateway.stop()
+
+
+async def test_an_unreachable_database_fails_calls_and_never_shows_the_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = free_port()  # nothing listens there
+    config = StoreConfig(
+        url=f"postgresql://gateway:s3cret-pw@127.0.0.1:{port}/gateway",
+        password="other-secret",
+        connect_timeout=0.5,
+        socket_timeout=0.5,
+    )
+    store = PostgresStore(config)
+    await store.start()  # starts anyway: routes fail closed (or open) until it answers
+    try:
+        with pytest.raises(StoreError) as failed:
+            await store.claim(ref(), "run", "fp", 30)
+        assert "postgresql claim failed" in str(failed.value)
+        with pytest.raises(StoreError):
+            await store.ping()
+    finally:
+        await store.close()
+    shown = str(failed.value) + caplog.text
+    assert "s3cret-pw" not in shown and "other-secret" not in shown
+    assert "requests on keyed routes fail until it answers" in caplog.text
