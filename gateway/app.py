@@ -67,7 +67,7 @@ class Gateway:
         sweep: bool = True,
     ) -> None:
         self.config = config
-        self.store = store if store is not None else open_store(config.store)
+        self.store = store if store is not None else open_store(config.store, config.source)
         self.upstream = (
             upstream
             if upstream is not None

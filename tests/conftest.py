@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
@@ -11,8 +14,11 @@ from gateway.app import Gateway, ProxyApp
 from gateway.config import Config, StoreConfig, parse_config
 from gateway.store.base import Store
 from gateway.store.memory import MemoryStore
+from gateway.store.postgres import PostgresStore
+from gateway.store.postgres_schema import migrate
 from gateway.store.redis import RedisStore
 from tests.support.ledger import LEDGER, Ledger
+from tests.support.postgres import PostgresServer
 from tests.support.servers import ROOT, Process, RedisServer, upstream_server
 from tests.support.topologies import ClusterSetup
 
@@ -49,6 +55,40 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """The session's own PostgreSQL (initdb into a temp dir, a free port; never the
+    machine's service), durable as production runs it. Each store gets a prefix of its
+    own in its one database; tests that crash or restart it start their own."""
+    server = PostgresServer()
+    server.start()
+    yield server
+    server.stop()
+    server.remove()
+
+
+@pytest.fixture(scope="session")
+def postgres_database(postgres_server: PostgresServer) -> PostgresServer:
+    """The session's PostgreSQL with the gateway's schema (`store migrate`, once)."""
+    migrate_database(postgres_server.url)
+    return postgres_server
+
+
+def migrate_database(url: str) -> None:
+    """What `idempotency-gateway store migrate` does, for a test's own database."""
+
+    async def run() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+
+    # In a thread of its own: fixtures asking for it may run inside an event loop.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, run()).result()
+
+
+@pytest.fixture(scope="session")
 def upstream() -> Iterator[Process]:
     server = upstream_server()
     server.start()
@@ -73,7 +113,10 @@ ALL_STORES = [
     "memory",
     pytest.param("redis", marks=pytest.mark.redis),
     pytest.param("cluster", marks=[pytest.mark.redis, pytest.mark.cluster]),
+    pytest.param("postgres", marks=pytest.mark.postgres),
 ]
+#: The Redis topologies among them, for tests that count Redis's own commands.
+REDIS_STORES = ALL_STORES[1:3]
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
@@ -95,6 +138,13 @@ def make_store(store_kind: str, request: pytest.FixtureRequest) -> Callable[[], 
             return RedisStore(
                 StoreConfig(
                     cluster_nodes=nodes, prefix=prefix, socket_timeout=1.0, connect_timeout=1.0
+                )
+            )
+        if store_kind == "postgres":
+            database: PostgresServer = request.getfixturevalue("postgres_database")
+            return PostgresStore(
+                StoreConfig(
+                    url=database.url, prefix=prefix, socket_timeout=2.0, connect_timeout=2.0
                 )
             )
         server: RedisServer = request.getfixturevalue("redis_server")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -720,7 +721,14 @@ def test_server_and_admin_on_the_same_address() -> None:
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
-        ("mysql://db", "the store URL must start with memory://, redis://, rediss:// or unix://"),
+        (
+            "mysql://db",
+            "the store URL must start with memory://, redis://, rediss://, unix://, "
+            "postgresql:// or postgres://",
+        ),
+        ("postgresq://db/gateway", 'did you mean "postgresql://"?'),
+        ("postgresql:///gateway", "has no host"),
+        ("postgres://db", "names no database"),
         ("reddis://h", 'did you mean "redis://"?'),
         ("redis://", "has no host"),
         ("redis://h/abc", "must be a database number"),
@@ -732,7 +740,15 @@ def test_bad_store_url(url: str, expected: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["memory://", "redis://:pw@h:6379/1", "rediss://h", "unix:///s.sock"]
+    "url",
+    [
+        "memory://",
+        "redis://:pw@h:6379/1",
+        "rediss://h",
+        "unix:///s.sock",
+        "postgresql://gateway:pw@db:5432/gateway?sslmode=require",
+        "postgres:///gateway?host=/run/postgresql",
+    ],
 )
 def test_good_store_urls(url: str) -> None:
     assert parse({"store": {"url": url}, "routes": [route()]}).store.url == url
@@ -905,6 +921,43 @@ def test_describe_masks_secrets_and_is_stable() -> None:
     assert "wait (up to 500ms)" in text
     assert "keep responses 1d" in text
     assert "request 1 MiB" in text
+
+
+def test_describe_masks_a_postgresql_password() -> None:
+    data = {
+        "store": {
+            "url": "postgresql://gateway:hunter2@db:5432/gateway?sslmode=require",
+            "password": "also-secret",
+        },
+        "routes": [route()],
+    }
+    text = describe(parse(data))
+    assert "hunter2" not in text and "also-secret" not in text
+    assert "store: postgresql://gateway:***@db:5432/gateway?sslmode=require" in text
+    assert "password set" in text
+
+
+def test_postgresql_store_refuses_wait_for_replicas() -> None:
+    found = errors(
+        {"store": {"url": "postgresql://db/gateway", "wait_for_replicas": 1}, "routes": [route()]}
+    )
+    assert "synchronous_standby_names" in found["store.wait_for_replicas"]
+
+
+def test_postgresql_store_without_its_driver_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Redis user never installs asyncpg; a PostgreSQL user who did not gets the
+    command, at the setting that asks for it."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "asyncpg" else find_spec(name, *args),
+    )
+    found = errors({"store": {"url": "postgresql://db/gateway"}, "routes": [route()]})
+    assert "pip install 'idempotency-gateway[postgres]'" in found["store.url"]
+    assert parse({"store": {"url": "redis://h:6379/0"}, "routes": [route()]})
 
 
 def test_mask_url() -> None:

@@ -554,6 +554,9 @@ def test_config_errors_never_show_passwords_or_tokens() -> None:
         {"store": {"url": f"redis://u:{REDIS_PASSWORD}@[::1/0"}},
         {"store": {"url": f"redis://:{REDIS_PASSWORD}@/0"}},
         {"store": {"url": f"redis://127.0.0.1/x?password={REDIS_PASSWORD}"}},
+        {"store": {"url": f"postgresql://gateway:{REDIS_PASSWORD}@db"}},
+        {"store": {"url": f"postgresq://gateway:{REDIS_PASSWORD}@db/gateway"}},
+        {"store": {"url": f"postgresql://db/gateway?password={REDIS_PASSWORD}", "password": 5}},
         {"store": {"url": "redis://127.0.0.1/0", "password": NUMBER_SECRET}},
         {
             "store": {

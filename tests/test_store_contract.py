@@ -1,4 +1,5 @@
-"""One contract, both stores: what every method of Store promises."""
+"""One contract, every store (memory, Redis, Cluster, PostgreSQL): what every method
+of Store promises."""
 
 from __future__ import annotations
 
@@ -48,6 +49,21 @@ async def test_claim_repeated_by_same_run_returns_its_own_record(store: Store) -
     assert await store.claim(r, "run-1", "fp", 30) is None
     again = await store.claim(r, "run-1", "fp", 30)
     assert again is not None and again.run_id == "run-1" and again.state is State.IN_FLIGHT
+
+
+async def test_concurrent_first_claims_one_wins(store: Store) -> None:
+    """Claims of one new key at once (on PostgreSQL, over the pool's connections, each
+    statement's snapshot taken before the others commit): exactly one takes it, and
+    every other one reads the winner's record."""
+    for _ in range(10):
+        r = ref()
+        runs = [f"run-{i}" for i in range(12)]
+        got = await asyncio.gather(*(store.claim(r, run, "fp", 30) for run in runs))
+        winners = [run for run, record in zip(runs, got, strict=True) if record is None]
+        assert len(winners) == 1, winners
+        assert all(g is None or g.run_id == winners[0] for g in got)
+        held = await store.get(r)
+        assert held is not None and held.run_id == winners[0]
 
 
 async def test_complete_stores_response_for_replay(store: Store) -> None:
@@ -162,10 +178,11 @@ async def test_info_reports_the_eviction_policy_and_persistence(
     store: Store, store_kind: str
 ) -> None:
     """The stores the tests start never evict; Redis ones run without AOF, the
-    memory store has nothing to persist."""
+    PostgreSQL one commits to disk (fsync, synchronous_commit), the memory store has
+    nothing to persist."""
     info = await store.info()
     assert info.maxmemory_policy == "noeviction" and not info.evicts
-    assert info.aof == ("n/a" if store_kind == "memory" else "no")
+    assert info.aof == {"memory": "n/a", "postgres": "yes"}.get(store_kind, "no")
     assert info.refusal(allow_eviction=False) == "" and not info.error
     assert await store.info() == info  # a second look changes nothing
 
@@ -459,6 +476,19 @@ async def test_accept_refused_admission_stores_nothing(store: Store) -> None:
     assert full.outcome == "full" and full.record is None
     assert await store.get(r) is None and await store.get_request(r) is None
     assert await store.queue_stats() == []
+
+
+async def test_refused_admission_still_settles_a_dead_lease(store: Store) -> None:
+    """A key whose gateway died is what its route's policy says before anything else,
+    even when the queue is full: under release it is released (its story kept)."""
+    r = ref()
+    await store.claim(r, "run-1", "fp", 0.05)
+    await asyncio.sleep(0.15)
+    full = await store.accept(r, "run-a", "fp", REQUEST, TOKEN, admit=False, expired="release")
+    assert full.outcome == "full" and full.record is None
+    record = await store.get(r)
+    assert record is not None and record.state is State.RELEASED
+    assert [e["event"] for e in record.history] == ["released"]
 
 
 async def test_accepted_delivery_is_listed_counted_and_announced(store: Store) -> None:

@@ -14,7 +14,7 @@ from gateway.config.templates import TEMPLATE_TOKEN_RE, split_placeholders
 from gateway.config.text import show
 from gateway.config.types import Check, items, text
 
-_STORE_SCHEMES = ("memory", "redis", "rediss", "unix")
+_STORE_SCHEMES = ("memory", "redis", "rediss", "unix", "postgresql", "postgres")
 _SECRET_PARAMS = {"password", "pass", "pwd", "secret", "token", "auth"}
 
 
@@ -89,7 +89,10 @@ def mask_url(url: str) -> str:
 
 
 def store_url_problem(url: str) -> str | None:
-    example = "e.g. memory://, redis://127.0.0.1:6379/0 or unix:///run/redis.sock"
+    example = (
+        "e.g. memory://, redis://127.0.0.1:6379/0, unix:///run/redis.sock or "
+        "postgresql://gateway@127.0.0.1:5432/gateway"
+    )
     shown = show(mask_url(url))  # the message ends up in logs: never the password
     try:
         parts = urlsplit(url)
@@ -98,7 +101,7 @@ def store_url_problem(url: str) -> str | None:
         return f"{shown} is not a URL ({exc}); write {example}"
     if parts.scheme not in _STORE_SCHEMES or "://" not in url:
         message = f"{shown}: the store URL must start with memory://, redis://, "
-        message += f"rediss:// or unix://; write {example}"
+        message += f"rediss://, unix://, postgresql:// or postgres://; write {example}"
         close = difflib.get_close_matches(parts.scheme, _STORE_SCHEMES, n=1)
         return message + (f'; did you mean "{close[0]}://"?' if close and parts.scheme else "")
     if parts.scheme in ("redis", "rediss"):
@@ -106,6 +109,14 @@ def store_url_problem(url: str) -> str | None:
             return f"{shown} has no host; write e.g. {parts.scheme}://127.0.0.1:6379/0"
         if parts.path.strip("/") and not parts.path.strip("/").isdigit():
             return f"{shown}: the path must be a database number, e.g. /0"
+    if parts.scheme in ("postgresql", "postgres"):
+        if not parts.hostname and "host=" not in parts.query:
+            return (
+                f"{shown} has no host; write e.g. {parts.scheme}://gateway@127.0.0.1:5432/gateway"
+                " (or ?host=/run/postgresql for a unix socket)"
+            )
+        if not parts.path.strip("/"):
+            return f"{shown} names no database; write e.g. {parts.scheme}://127.0.0.1/gateway"
     if parts.scheme == "unix" and (parts.netloc.rpartition("@")[2] or not parts.path):
         return f"{shown}: write the socket path after three slashes: unix:///run/redis.sock"
     return None
@@ -175,7 +186,7 @@ def _reconcile_url(value: object) -> str:
 
 _ADDRESS = {"type": "string", "pattern": r"^(\[[0-9A-Fa-f:.]+\]|[^:\[\]]+):[0-9]{1,5}$"}
 _HTTP = {"type": "string", "pattern": "^https?://"}
-_STORE = {"type": "string", "pattern": "^(memory|redis|rediss|unix)://"}
+_STORE = {"type": "string", "pattern": "^(memory|redis|rediss|unix|postgresql|postgres)://"}
 
 ListenAddress = Annotated[str, Check(_listen, _ADDRESS)]
 HostPorts = Annotated[

@@ -1,5 +1,5 @@
-"""The store section: where records live (memory, Redis, Sentinel, Cluster), how to
-reach it, and the keys that encrypt stored responses.
+"""The store section: where records live (memory, Redis, Sentinel, Cluster,
+PostgreSQL), how to reach it, and the keys that encrypt stored responses.
 
 In the file Sentinel and Cluster are blocks of their own (`sentinel: {master, nodes,
 password}`, `cluster: {nodes}`); the object has them as `sentinel_*` and
@@ -8,6 +8,7 @@ password}`, `cluster: {nodes}`); the object has them as `sentinel_*` and
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import field
 from typing import Annotated, Any, ClassVar
@@ -97,9 +98,7 @@ class StoreConfig(Section):
         "cluster_nodes": ("cluster", "nodes"),
     }
 
-    url: StoreUrl = (
-        "memory://"  # memory://, redis://, rediss://, unix://; unused with sentinel/cluster
-    )
+    url: StoreUrl = "memory://"  # memory://, redis://, rediss://, unix://, postgresql://
     prefix: OptionalText = "idem:"
     socket_timeout: Duration = 2.0
     connect_timeout: Duration = 2.0
@@ -131,7 +130,9 @@ class StoreConfig(Section):
             return "sentinel"
         if self.cluster_nodes:
             return "cluster"
-        return "memory" if self.url.startswith("memory://") else "redis"
+        if self.url.startswith("memory://"):
+            return "memory"
+        return "postgres" if self.url.startswith(("postgresql://", "postgres://")) else "redis"
 
     @classmethod
     def yaml_names(cls) -> tuple[str, ...]:
@@ -185,6 +186,9 @@ class StoreConfig(Section):
             problems.add(
                 (), f"give one of url, sentinel or cluster, not {' and '.join(topologies)}"
             )
+        url = str(values.get("url", ""))
+        if url.startswith(("postgresql://", "postgres://")):
+            _check_postgres(given, problems)
         written: list[tuple[Loc, object]] = []
         if "encryption_key" in given:
             written.append((("encryption_key",), given["encryption_key"]))
@@ -199,6 +203,21 @@ class StoreConfig(Section):
                 continue  # reported with the setting
             _check_key(key, loc, found, problems)
         return {}
+
+
+def _check_postgres(given: dict[str, Any], problems: Problems) -> None:
+    if importlib.util.find_spec("asyncpg") is None:
+        problems.add(
+            ("url",),
+            "a PostgreSQL store needs its driver, which is not installed: "
+            "pip install 'idempotency-gateway[postgres]'",
+        )
+    if given.get("wait_for_replicas"):
+        problems.add(
+            ("wait_for_replicas",),
+            "is Redis's WAIT; on PostgreSQL, name the standbys in the server's "
+            "synchronous_standby_names (every commit then waits for them) and remove it",
+        )
 
 
 def _check_key(key: bytes, loc: Loc, found: list[tuple[Loc, bytes]], problems: Problems) -> None:

@@ -1,17 +1,29 @@
-"""Stores of idempotency records: memory, or Redis (single, Sentinel, Cluster)."""
+"""Stores of idempotency records: memory, Redis (single, Sentinel, Cluster) or PostgreSQL."""
 
 from __future__ import annotations
 
 from gateway.config import StoreConfig
+from gateway.errors import StoreError
 from gateway.store.base import Store, codec_for
 
 
-def open_store(config: StoreConfig) -> Store:
-    """A store for the configured topology; nothing connects until `start()`."""
+def open_store(config: StoreConfig, config_path: str = "FILE") -> Store:
+    """A store for the configured topology; nothing connects until `start()`.
+    `config_path` is named in the message of a database that needs `store migrate`."""
     if config.kind == "memory":
         from gateway.store.memory import MemoryStore
 
         return MemoryStore(codec_for(config))
+    if config.kind == "postgres":
+        # Imported only when used, and an extra: a Redis user never needs the driver.
+        try:
+            from gateway.store.postgres import PostgresStore
+        except ImportError as exc:
+            raise StoreError(
+                f"a PostgreSQL store needs its driver ({exc.name} is missing): "
+                "pip install 'idempotency-gateway[postgres]'"
+            ) from None
+        return PostgresStore(config, config_path)
     # Imported only when used: the demo and memory:// deployments need no Redis.
     from gateway.store.redis import RedisStore
 

@@ -1,4 +1,5 @@
-"""Real servers for tests: redis-server, the test upstream, gateway processes.
+"""Real servers for tests: redis-server, the test upstream, gateway processes
+(PostgreSQL's is in postgres.py).
 
 Each is a child process of the test run, on a free loopback port, so a test can
 kill it, restart it, or send it a signal. Nothing here touches a Redis or port the
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,11 +68,13 @@ class Process:
         self.env = {**os.environ, **(env or {})}
         self.log_path = Path(tempfile.mkdtemp(prefix=f"{name}-")) / "output.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        #: more Popen arguments (a user to run as, a session of its own)
+        self.popen: dict[str, Any] = {}
 
     def start(self, wait: bool = True) -> Process:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT
+            self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT, **self.popen
         )
         log.close()
         if wait:

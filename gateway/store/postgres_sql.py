@@ -1,0 +1,242 @@
+"""The PostgreSQL store's SQL: the statement files in store/sql/, and running them.
+
+Each state change is one statement in a file of its own (claim.sql, complete.sql, ...),
+as each Redis one is a Lua script (lua/): conditional on the state and the run id,
+timed by the database's clock (`gateway_now_ms()`: clock_timestamp()), and safe to run
+twice. Loading expands three names: `@prefix` and `@channel` (this store's prefix and
+NOTIFY channel, as SQL literals) and `@record(x)` (the columns a Record is read from,
+RECORD_COLUMNS, of table alias x). A statement retried after a lost connection may
+already have run: every one of them recognises its own earlier effect (the contract's
+"safe to repeat").
+
+`Database` owns the pool: a bounded call (statement_timeout on the server, the same
+deadline on the client), one retry on a lost connection, StoreError for everything
+else, with the driver's message and never the connection string.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import ssl
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from gateway.errors import StoreError
+from gateway.records import Record, State
+from gateway.store.base import Store
+
+if TYPE_CHECKING:
+    from gateway.config import StoreConfig
+
+T = TypeVar("T")
+
+#: The columns of gateway_records a Record is read from, in this order.
+RECORD_COLUMNS = (
+    "state", "run_id", "fingerprint", "route", "key", "created_ms", "since_ms",
+    "lease_until_ms", "response", "reason", "holder", "holder_since_ms", "check_lock_ms",
+    "last_check_ms", "reconcile", "history", "delivery", "attempts", "due_ms",
+    "last_attempt", "token",
+)  # fmt: skip
+
+#: Errors after which the statement may or may not have run, and a new connection may
+#: work: the call is made once more (every statement is safe to run twice).
+RETRIED = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.CannotConnectNowError,
+)
+#: A call that ran out of time is not retried: a hung database costs a request about
+#: 2 x socket_timeout (the pool's queue and the statement), then 503, as on Redis.
+FAILED = (*RETRIED, TimeoutError, asyncpg.PostgresError)
+
+_RECORD = re.compile(r"@record\((\w+)\)")
+
+
+def literal(text: str) -> str:
+    """`text` as an SQL string literal (standard_conforming_strings: quotes doubled)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def sql_file(name: str) -> str:
+    return (resources.files("gateway.store") / "sql" / f"{name}.sql").read_text()
+
+
+def expand(sql: str, prefix: str, channel: str) -> str:
+    sql = _RECORD.sub(lambda m: ", ".join(f"{m[1]}.{c}" for c in RECORD_COLUMNS), sql)
+    return sql.replace("@prefix", literal(prefix)).replace("@channel", literal(channel))
+
+
+_STATEMENTS = (
+    "claim", "complete", "release", "unresolved", "expire", "get", "leases", "check_begin",
+    "park", "locked", "stats", "reap", "accept", "pick", "retry", "request", "due",
+    "queue_stats",
+)  # fmt: skip
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    # jsonb in and out as Python values (history, reconcile, attempts)
+    await conn.set_type_codec(
+        "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog", format="text"
+    )
+
+
+class Database:
+    """The pool and the statements of one store (one prefix)."""
+
+    def __init__(
+        self,
+        connect: dict[str, Any],
+        prefix: str,
+        channel: str,
+        *,
+        timeout: float,
+        max_connections: int,
+        on_connect: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
+    ) -> None:
+        self.connect = connect
+        self.timeout = timeout
+        self.statements = {name: expand(sql_file(name), prefix, channel) for name in _STATEMENTS}
+        self._max = max_connections
+        self._on_connect = on_connect
+        self._pool: asyncpg.Pool | None = None
+
+    async def _setup(self, conn: asyncpg.Connection) -> None:
+        await _init_connection(conn)
+        if self._on_connect is not None:
+            await self._on_connect(conn)
+
+    async def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            # No connection at creation (min_size 0): the gateway starts while the
+            # database is down, and connections are opened, and kept, as calls need them.
+            pool = asyncpg.create_pool(
+                min_size=0,
+                max_size=self._max,
+                init=self._setup,
+                max_inactive_connection_lifetime=300,
+                **self.connect,
+            )
+            self._pool = await pool
+        return self._pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            try:
+                await asyncio.wait_for(self._pool.close(), 2)
+            except (TimeoutError, *FAILED):
+                self._pool.terminate()
+
+    async def fetch(self, name: str, *args: Any, what: str = "") -> list[asyncpg.Record]:
+        return await self.call(lambda conn: conn.fetch(self.statements[name], *args), what or name)
+
+    async def fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
+        return await self.call(lambda conn: conn.fetchrow(self.statements[name], *args), name)
+
+    async def call(self, work: Callable[[asyncpg.Connection], Awaitable[T]], what: str) -> T:
+        """`work` on a pooled connection within the store's timeout, once more on a new
+        connection if that one was lost; StoreError if it still fails."""
+        retried = False
+        while True:
+            try:
+                pool = await self.pool()
+                async with asyncio.timeout(self.timeout * 2):  # the pool's queue, too
+                    async with pool.acquire() as conn:
+                        # the pool's proxy forwards every method of the Connection
+                        return await work(cast(asyncpg.Connection, conn))
+            except RETRIED as exc:
+                if retried:
+                    raise StoreError(f"postgresql {what} failed: {_message(exc)}") from None
+                retried = True
+                await asyncio.sleep(0.02)
+            except (TimeoutError, asyncpg.PostgresError) as exc:
+                raise StoreError(f"postgresql {what} failed: {_message(exc)}") from None
+
+    async def transaction(self, work: Callable[[asyncpg.Connection], Awaitable[T]], what: str) -> T:
+        """`work` in one short transaction (retried whole, as a statement is)."""
+
+        async def run(conn: asyncpg.Connection) -> T:
+            async with conn.transaction():
+                return await work(conn)
+
+        return await self.call(run, what)
+
+
+def _message(exc: BaseException) -> str:
+    """The driver's words, without a connection string (asyncpg never puts the password
+    in a message; OSErrors name the address)."""
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def decode_record(store: Store, digest: str, now: int, row: Any) -> Record:
+    """The Record of a row holding RECORD_COLUMNS (by name), read at `now`."""
+    raw, sealed = row["response"], row["token"]
+    response, unreadable = (None, "") if raw is None else store.read_response(digest, raw)
+    return Record(
+        digest=digest,
+        route=row["route"],
+        key=row["key"],
+        state=State(row["state"]),
+        run_id=row["run_id"],
+        fingerprint=row["fingerprint"],
+        created_ms=row["created_ms"],
+        now_ms=now,
+        lease_until_ms=row["lease_until_ms"],
+        response=response,
+        unreadable=unreadable,
+        reason=row["reason"],
+        since_ms=row["since_ms"],
+        holder=row["holder"],
+        holder_since_ms=row["holder_since_ms"],
+        check_lock_ms=row["check_lock_ms"],
+        last_check_ms=row["last_check_ms"],
+        reconcile=row["reconcile"],
+        history=tuple(row["history"]),
+        delivery=row["delivery"],
+        attempts=row["attempts"],
+        due_ms=row["due_ms"],
+        last_attempt=row["last_attempt"],
+        token="" if sealed is None else store.read_token(digest, sealed),
+    )
+
+
+def connect_args(config: StoreConfig) -> dict[str, Any]:
+    """asyncpg's connection arguments for the store: the URL (its user and password win
+    over store.username and store.password, as on Redis), the timeouts (the server's
+    statement_timeout is store.socket_timeout too) and TLS."""
+    parts = urlsplit(config.url)
+    timeout_ms = str(max(1, int(config.socket_timeout * 1000)))
+    args: dict[str, Any] = {
+        "dsn": config.url,
+        "timeout": config.connect_timeout,
+        "command_timeout": config.socket_timeout,
+        "server_settings": {
+            "statement_timeout": timeout_ms,
+            "application_name": "idempotency-gateway",
+        },
+    }
+    if config.username and not parts.username:
+        args["user"] = config.username
+    if config.password and not parts.password:
+        args["password"] = config.password
+    if config.tls is not None:
+        tls = config.tls
+        context = ssl.create_default_context(cafile=tls.ca_file or None)
+        if tls.cert_file:
+            context.load_cert_chain(tls.cert_file, tls.key_file or None)
+        if not tls.verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        args["ssl"] = context
+    return args
