@@ -575,10 +575,12 @@ class StoreStates(RuleBasedStateMachine):
         # Open records become free only by an operator's retry or a "not done" check.
         if was in OPEN and free:
             assert self.step in ("operator_resolve", "end_check"), where
-        # Only the run that claimed completes or releases (or the lease policy).
+        # Only the run that claimed completes or releases (or the lease policy, which a
+        # claim, the sweep or an accept applies to a dead lease: even an accept the full
+        # queue then refuses settles it first).
         if was is State.IN_FLIGHT and state in (State.COMPLETED, State.RELEASED):
             assert now is not None and now[1] == run, where
-            assert self.step in ("complete", "release", "claim", "sweep"), where
+            assert self.step in ("complete", "release", "claim", "sweep", "accept"), where
         # A lease that ran out never frees a key unless the route says release.
         if was is State.IN_FLIGHT and free and self.step in ("claim", "sweep", "accept"):
             assert POLICY[ref.route] == "release", where
