@@ -121,6 +121,7 @@ class Database:
                 min_size=0,
                 max_size=self._max,
                 init=self._setup,
+                reset=_keep_session,
                 max_inactive_connection_lifetime=300,
                 **self.connect,
             )
@@ -167,6 +168,15 @@ class Database:
                 return await work(conn)
 
         return await self.call(run, what)
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """What a connection going back to the pool needs: nothing. asyncpg's default sends
+    `SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL;` each time, a
+    second round trip per store call (tests/test_store_round_trips.py counts them); the
+    store leaves no session state behind (advisory locks are transaction-scoped, LISTEN
+    has its own connection, nothing is SET), and asyncpg still rolls back an open
+    transaction before this runs."""
 
 
 def _message(exc: BaseException) -> str:
