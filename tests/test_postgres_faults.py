@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from gateway.config import StoreConfig
+from gateway.errors import StoreError
 from gateway.keys import record_digest
 from gateway.records import KeyRef, Record, State, StoredResponse
 from gateway.store.postgres import PostgresStore
@@ -629,3 +630,60 @@ async def test_database_down_then_up_fails_closed_or_open_and_recovers(
     assert "store failed on route charge" in log  # the failure is logged, as it was
     assert leaked == []
 
+
+# -- the store's errors when the database dies under load -----------------------------------
+
+
+@pytest.mark.slow
+async def test_database_crashes_under_load_give_store_errors_only() -> None:
+    """40 claims at a time through one store (a pool of 10), PostgreSQL SIGKILLed and
+    restarted twice meanwhile: every failed call is a StoreError (a 503, or fail_open),
+    never another exception (a 500), and claims succeed again after each restart.
+
+    This found asyncpg handing back a pooled connection whose protocol was still
+    mid-operation after a crash ("cannot switch to state 12; another operation (2) is
+    in progress", an InternalClientError): the call on it escaped as a 500."""
+    with own_database() as database:
+        store = PostgresStore(
+            StoreConfig(
+                url=database.url,
+                prefix=unique("crash") + ":",
+                socket_timeout=0.5,
+                connect_timeout=0.5,
+                max_connections=10,
+            )
+        )
+        outcomes: dict[str, int] = {}
+        phase = ["before"]
+        stop = asyncio.Event()
+
+        async def claims() -> None:
+            while not stop.is_set():
+                key = unique("load")
+                ref = KeyRef(record_digest("charge", "", key), "charge", key)
+                try:
+                    await store.claim(ref, "run", "fp", 10)
+                    name = f"claimed {phase[0]}"
+                except StoreError:
+                    name = "StoreError"
+                    await asyncio.sleep(0.01)
+                except Exception as exc:  # what the test is here to catch
+                    name = f"{type(exc).__name__}: {exc}"
+                outcomes[name] = outcomes.get(name, 0) + 1
+
+        workers = [asyncio.create_task(claims()) for _ in range(40)]
+        try:
+            for cycle in range(2):
+                await asyncio.sleep(1.5)
+                await asyncio.to_thread(database.kill)
+                await asyncio.sleep(0.5)
+                await asyncio.to_thread(database.start)
+                phase[0] = f"after restart {cycle + 1}"
+            await asyncio.sleep(1.5)
+        finally:
+            stop.set()
+            await asyncio.gather(*workers)
+            await store.close()
+    unexpected = {k: n for k, n in outcomes.items() if k != "StoreError" and "claimed" not in k}
+    assert unexpected == {}
+    assert outcomes.get("claimed after restart 2", 0) > 0, outcomes

@@ -54,6 +54,8 @@ RETRIED = (
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.CrashShutdownError,
     asyncpg.exceptions.CannotConnectNowError,
+    # a connection whose protocol a crash left mid-operation (see call())
+    asyncpg.InternalClientError,
 )
 FAILED = (*RETRIED, asyncpg.PostgresError)
 
@@ -150,8 +152,15 @@ class Database:
                 pool = await self.pool()
                 async with asyncio.timeout(self.timeout * 2):  # the pool's queue, too
                     async with pool.acquire() as conn:
-                        # the pool's proxy forwards every method of the Connection
-                        return await work(cast(asyncpg.Connection, conn))
+                        try:
+                            # the pool's proxy forwards every method of the Connection
+                            return await work(cast(asyncpg.Connection, conn))
+                        except asyncpg.InternalClientError:
+                            # After a crash of the database asyncpg can hand back a
+                            # connection whose protocol is still mid-operation ("another
+                            # operation is in progress"): never pool it again.
+                            conn.terminate()
+                            raise
             except RETRIED as exc:
                 if retried:
                     raise StoreError(f"postgresql {what} failed: {_message(exc)}") from None
