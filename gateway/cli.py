@@ -49,18 +49,50 @@ def cmd_run(args: argparse.Namespace) -> int:
     path = _config_path(args)
     config = _load(path)
     setup_logging(args.log_level, config.server.log_format, config.server.access_log)
+    if config.store.kind == "postgres":
+        refused = _postgres_refusal(config, path)
+        if refused:
+            print(f"error: {path}: {refused}", file=sys.stderr)
+            return 1
     if args.workers > 1:
         if config.store.kind == "memory":
             print(
                 f"error: {path}: store.url is memory://, which lives inside one process; "
                 f"{args.workers} workers would each have their own keys and run duplicates. "
-                "Use a Redis store, or --workers 1.",
+                "Use a Redis or PostgreSQL store, or --workers 1.",
                 file=sys.stderr,
             )
             return 1
         return supervise(config, path, args.workers)
     _run_loop(serve(config, config_path=path))
     return 0
+
+
+_NO_DRIVER = "a PostgreSQL store needs its driver: pip install 'idempotency-gateway[postgres]'"
+
+
+def _postgres_refusal(config: Config, path: str) -> str:
+    try:
+        from gateway.store.postgres_schema import refusal
+    except ImportError:
+        return _NO_DRIVER
+    return asyncio.run(refusal(config.store, path))
+
+
+def cmd_store_migrate(args: argparse.Namespace) -> int:
+    path = _config_path(args)
+    config = _load(path)
+    if config.store.kind != "postgres":
+        print(f"{path}: the store is {config.store.kind}, which has no schema; nothing to do")
+        return 0
+    try:
+        from gateway.store.postgres_schema import migrate_store
+    except ImportError:
+        print(f"error: {_NO_DRIVER}", file=sys.stderr)
+        return 1
+    status, text = asyncio.run(migrate_store(config.store))
+    print(text, file=sys.stderr if status else sys.stdout)
+    return status
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -181,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=1,
-        help="worker processes sharing the listeners (Redis stores)",
+        help="worker processes sharing the listeners (Redis and PostgreSQL stores)",
     )
     run.set_defaults(func=cmd_run)
 
@@ -211,6 +243,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     keygen = sub.add_parser("keygen", help="print a new store.encryption_key")
     keygen.set_defaults(func=cmd_keygen)
+
+    store = sub.add_parser("store", help="the store's schema (PostgreSQL)")
+    store_sub = store.add_subparsers(dest="store_command", required=True)
+    migrate = store_sub.add_parser(
+        "migrate",
+        help="create or upgrade the PostgreSQL store's schema (versioned; safe to repeat, "
+        "and to run from two replicas at once)",
+    )
+    migrate.add_argument("--config", help="config file (default: $GATEWAY_CONFIG)")
+    migrate.set_defaults(func=cmd_store_migrate)
 
     demo = sub.add_parser("demo", help="an example job endpoint behind the gateway, no Redis")
     demo.add_argument("--port", type=int, default=8080)

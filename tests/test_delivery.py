@@ -130,6 +130,14 @@ def test_parse_retry_after() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "store_kind",
+    [
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 async def test_article_case_accepted_then_delivered_once(
     gateway_for: Build, upstream: Process
 ) -> None:
@@ -371,12 +379,19 @@ async def test_deliveries_of_a_removed_route_are_parked(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store_kind", [pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.mark.parametrize(
+    "store_kind",
+    [
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 async def test_storm_two_gateways_one_delivery_per_key(
     make_store: Callable[[], Any], upstream: Process, store_kind: str
 ) -> None:
-    """20 keys x 5 parallel copies, spread over two gateways on one Redis: each caller
-    gets a 202 for its key, and each key is delivered exactly once."""
+    """20 keys x 5 parallel copies, spread over two gateways on one Redis (or one
+    PostgreSQL, whose pick is FOR UPDATE SKIP LOCKED): each caller gets a 202 for its
+    key, and each key is delivered exactly once."""
     config = config_for(upstream.url, [async_route()])
     gateways = [Gateway(config, store=make_store(), sweep=False) for _ in range(2)]
     clients = [GatewayClient(g) for g in gateways]

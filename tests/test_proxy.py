@@ -72,6 +72,14 @@ async def test_first_request_forwarded_then_replayed(gateway_for: Build, upstrea
     )
 
 
+@pytest.mark.parametrize(
+    "store_kind",
+    [
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 async def test_article_parallel_pair(gateway_for: Build, upstream: Process) -> None:
     gw = await gateway_for([route()])
     key = unique()

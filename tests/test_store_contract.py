@@ -51,6 +51,21 @@ async def test_claim_repeated_by_same_run_returns_its_own_record(store: Store) -
     assert again is not None and again.run_id == "run-1" and again.state is State.IN_FLIGHT
 
 
+async def test_concurrent_first_claims_one_wins(store: Store) -> None:
+    """Claims of one new key at once (on PostgreSQL, over the pool's connections, each
+    statement's snapshot taken before the others commit): exactly one takes it, and
+    every other one reads the winner's record."""
+    for _ in range(10):
+        r = ref()
+        runs = [f"run-{i}" for i in range(12)]
+        got = await asyncio.gather(*(store.claim(r, run, "fp", 30) for run in runs))
+        winners = [run for run, record in zip(runs, got, strict=True) if record is None]
+        assert len(winners) == 1, winners
+        assert all(g is None or g.run_id == winners[0] for g in got)
+        held = await store.get(r)
+        assert held is not None and held.run_id == winners[0]
+
+
 async def test_complete_stores_response_for_replay(store: Store) -> None:
     r = ref()
     await store.claim(r, "run-1", "fp", 30)

@@ -27,7 +27,7 @@ import logging
 import random
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 import asyncpg
 
@@ -53,6 +53,12 @@ _WRITABLE = frozenset(
     {"state", "since_ms", "expires_ms", "response", "reason", "holder", "holder_since_ms",
      "check_lock_ms", "reconcile", "history", "attempts", "due_ms", "request"}
 )  # fmt: skip
+
+
+T = TypeVar("T")
+#: What a decided move is: its result, the columns to write (None: refused, nothing
+#: written) and, for a delivery made due, when.
+Decision: TypeAlias = tuple[T, dict[str, Any] | None, int | None]
 
 
 def channel_for(prefix: str) -> str:
@@ -290,15 +296,12 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
     ) -> str:
         body = self.codec.encode(ref.digest, response) if response is not None else None
 
-        async def decide(conn: asyncpg.Connection) -> str:
-            found = await self._locked(conn, ref)
-            if found is None:
-                return ""
-            record, now = found
-            if record.state is not State.UNRESOLVED or record.run_id != run_id:
-                return ""
+        def decide(record: Record | None, now: int) -> Decision[str]:
+            if record is None or record.state is not State.UNRESOLVED or record.run_id != run_id:
+                return "", None, None
             history = [*record.history, _event(now, "reconcile", result=result, answer=answer)]
             change: dict[str, Any] = {"check_lock_ms": 0, "reconcile": answer}
+            due = None
             if result == "done":
                 change |= _settled(now, ttl, state="completed", response=body)
             elif result == "not_done" and record.delivery and retry_in is None:
@@ -310,7 +313,6 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
                 reason = "the upstream says it did not run"
                 history.append(_event(now, "retry_scheduled", due_ms=due, reason=reason))
                 change |= {"state": "retrying", "since_ms": now, "due_ms": due, "reason": ""}
-                await self._announce(conn, ref, record.route, due, now)
             elif result == "not_done":
                 history.append(_event(now, "released", reason="the upstream says it did not run"))
                 change |= _settled(now, ttl, state="released")
@@ -319,68 +321,75 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
                 history.append(_event(now, "parked", reason=reason))
                 change |= {"state": "parked", "since_ms": now}
             change["history"] = history
-            await self._write(conn, ref, record, change)
-            return str(change.get("state", record.state))
+            return str(change.get("state", record.state)), change, due
 
-        return await self.db.transaction(decide, "end_check")
+        return await self._decide(ref, decide, "end_check")
 
     async def park(self, ref: KeyRef, reason: str) -> bool:
         row = await self.db.fetchrow("park", ref.digest, reason)
         return bool(row is not None and row["ok"])
 
-    # -- operators: read the row locked, decide, write conditionally -------------------
+    # -- decided in Python: read, decide, then lock, decide again and write -------------
 
-    async def _locked(self, conn: asyncpg.Connection, ref: KeyRef) -> tuple[Record, int] | None:
-        """The record, locked until the transaction ends, and the database's now."""
-        row = await conn.fetchrow(self.db.statements["locked"], ref.digest)
-        if row is None:
-            return None
-        return decode_record(self, ref.digest, row["now"], row), int(row["now"])
+    async def _decide(
+        self, ref: KeyRef, decide: Callable[[Record | None, int], Decision[T]], what: str
+    ) -> T:
+        """The moves with many branches (end_check, the operators'), decided in Python
+        on the record: a refusal on an unlocked read costs one read and no commit; a
+        move reads the row again FOR UPDATE, decides again on it, and writes it with
+        one UPDATE conditional on the state it read, in one short transaction."""
+        record = await self.get(ref)
+        result, change, _ = decide(record, record.now_ms if record is not None else 0)
+        if change is None:
+            return result
 
-    async def _write(
-        self, conn: asyncpg.Connection, ref: KeyRef, record: Record, change: dict[str, Any]
-    ) -> None:
-        """One UPDATE of the locked row, conditional on the state it was read in, and
-        a NOTIFY (sent at commit) when the state moved: these moves are rare, so they
-        do not ask whether anyone waits."""
-        names = sorted(change)
-        assert set(names) <= _WRITABLE, names
-        sets = ", ".join(f"{name} = ${i + 3}" for i, name in enumerate(names))
-        sql = (
-            f"UPDATE gateway_records SET {sets} WHERE prefix = $1 AND digest = $2"
-            f" AND state = ${len(names) + 3}"
-        )
-        await conn.execute(sql, self.prefix, ref.digest, *(change[n] for n in names), record.state)
-        if "state" in change:
+        async def move(conn: asyncpg.Connection) -> T:
+            row = await conn.fetchrow(self.db.statements["locked"], ref.digest)
+            found = None if row is None else decode_record(self, ref.digest, row["now"], row)
+            now = int(row["now"]) if row is not None else 0
+            result, change, due = decide(found, now)
+            if change is None or found is None:
+                return result
+            names = sorted(change)
+            assert set(names) <= _WRITABLE, names
+            sets = ", ".join(f"{name} = ${i + 3}" for i, name in enumerate(names))
+            sql = (
+                f"UPDATE gateway_records SET {sets} WHERE prefix = $1 AND digest = $2"
+                f" AND state = ${len(names) + 3}"
+            )
+            values = [change[name] for name in names]
+            await conn.execute(sql, self.prefix, ref.digest, *values, found.state)
+            # NOTIFYs are sent at commit. These moves are rare: they wake any waiter
+            # without asking whether one waits.
             await conn.execute("SELECT pg_notify($1, $2)", self.channel, ref.digest)
+            if due is not None:
+                notice = f"!d {ref.digest}/{found.route} {due} {now} "
+                await conn.execute("SELECT pg_notify($1, $2)", self.channel, notice)
+            return result
 
-    async def _announce(
-        self, conn: asyncpg.Connection, ref: KeyRef, route: str, due: int, now: int
-    ) -> None:
-        notice = f"!d {ref.digest}/{route} {due} {now} "
-        await conn.execute("SELECT pg_notify($1, $2)", self.channel, notice)
+        return await self.db.transaction(move, what)
 
     async def operator_claim(self, ref: KeyRef, operator: str, force: bool) -> OperatorResult:
-        async def decide(conn: asyncpg.Connection) -> OperatorResult:
-            found = await self._locked(conn, ref)
-            if found is None:
-                return OperatorResult(False, refused="missing", state="missing")
-            record, now = found
+        def decide(record: Record | None, now: int) -> Decision[OperatorResult]:
+            if record is None:
+                return OperatorResult(False, refused="missing", state="missing"), None, None
             if record.state not in OPEN_STATES:
-                return OperatorResult(False, state=str(record.state), refused="state")
+                return OperatorResult(False, state=str(record.state), refused="state"), None, None
             event = _event(now, "claimed", operator=operator)
             if record.state is State.CLAIMED:
                 if record.holder == operator:
                     since = record.holder_since_ms
-                    return OperatorResult(True, "claimed", holder=operator, holder_since_ms=since)
+                    ok = OperatorResult(True, "claimed", holder=operator, holder_since_ms=since)
+                    return ok, None, None
                 if not force:
-                    return OperatorResult(
+                    held = OperatorResult(
                         False,
                         state="claimed",
                         refused="held",
                         holder=record.holder,
                         holder_since_ms=record.holder_since_ms,
                     )
+                    return held, None, None
                 event["takeover_from"] = record.holder
             change = {
                 "state": "claimed",
@@ -390,10 +399,10 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
                 "check_lock_ms": 0,
                 "history": [*record.history, event],
             }
-            await self._write(conn, ref, record, change)
-            return OperatorResult(True, state="claimed", holder=operator, holder_since_ms=now)
+            ok = OperatorResult(True, state="claimed", holder=operator, holder_since_ms=now)
+            return ok, change, None
 
-        return await self.db.transaction(decide, "operator claim")
+        return await self._decide(ref, decide, "operator claim")
 
     async def operator_resolve(
         self,
@@ -406,22 +415,23 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
     ) -> OperatorResult:
         body = self.codec.encode(ref.digest, response) if response is not None else None
 
-        async def decide(conn: asyncpg.Connection) -> OperatorResult:
-            found = await self._locked(conn, ref)
-            if found is None:
-                return OperatorResult(False, refused="missing", state="missing")
-            record, now = found
+        def decide(record: Record | None, now: int) -> Decision[OperatorResult]:
+            if record is None:
+                return OperatorResult(False, refused="missing", state="missing"), None, None
             if record.state is not State.CLAIMED:
-                return OperatorResult(False, state=str(record.state), refused="state")
+                return OperatorResult(False, state=str(record.state), refused="state"), None, None
             if record.holder != operator:
-                return OperatorResult(
+                refused = OperatorResult(
                     False, state="claimed", refused="holder", holder=record.holder
                 )
+                return refused, None, None
             event = _event(now, "resolved", operator=operator, outcome=outcome, note=note)
             change: dict[str, Any] = {"history": [*record.history, event]}
+            due = None
             if outcome == "done":
                 change |= _settled(now, ttl, state="completed", response=body)
             elif record.delivery:  # queued again, with every attempt to come
+                due = now
                 change |= {
                     "state": "queued",
                     "since_ms": now,
@@ -432,13 +442,11 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
                     "holder_since_ms": 0,
                     "check_lock_ms": 0,
                 }
-                await self._announce(conn, ref, record.route, now, now)
             else:
                 change |= _settled(now, ttl, state="released")
-            await self._write(conn, ref, record, change)
-            return OperatorResult(True, state=str(change["state"]))
+            return OperatorResult(True, state=str(change["state"])), change, due
 
-        return await self.db.transaction(decide, "operator resolve")
+        return await self._decide(ref, decide, "operator resolve")
 
     # -- listings -----------------------------------------------------------------------
 

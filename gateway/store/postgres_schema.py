@@ -14,8 +14,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import asyncpg
+
+from gateway.config.addresses import mask_url
+
+if TYPE_CHECKING:
+    from gateway.config import StoreConfig
 
 #: pg_advisory_xact_lock's key while migrating ("idem" "mig" in ASCII).
 MIGRATE_LOCK = 0x6964656D_6D6967
@@ -113,3 +119,50 @@ async def migrate(conn: asyncpg.Connection) -> list[Migration]:
             )
             done.append(migration)
         return done
+
+
+async def _connect(config: StoreConfig) -> asyncpg.Connection:
+    from gateway.store.postgres_sql import connect_args
+
+    args = connect_args(config)
+    args.pop("command_timeout")
+    return await asyncpg.connect(**args)
+
+
+async def migrate_store(config: StoreConfig) -> tuple[int, str]:
+    """`store migrate`: (exit status, what to print)."""
+    where = mask_url(config.url)
+    try:
+        conn = await _connect(config)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        return 1, f"error: cannot reach PostgreSQL at {where}: {exc}"
+    try:
+        done = await migrate(conn)
+    except SchemaError as exc:
+        return 1, f"error: {exc}"
+    except asyncpg.PostgresError as exc:
+        return 1, f"error: migrating PostgreSQL at {where} failed, nothing was changed: {exc}"
+    finally:
+        await conn.close()
+    if not done:
+        return 0, f"{where}: gateway schema version {VERSION}, current; nothing to do"
+    names = ", ".join(f"{m.version:03d}_{m.name}" for m in done)
+    return 0, f"{where}: applied {names}; gateway schema version {VERSION}"
+
+
+async def refusal(config: StoreConfig, config_path: str) -> str:
+    """Why `run` must not start on this database ("" to start). A database that does not
+    answer is no reason: the gateway starts, fails closed and checks when it connects."""
+    try:
+        conn = await _connect(config)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        return ""
+    try:
+        await check(conn, config_path)
+    except SchemaError as exc:
+        return str(exc)
+    except asyncpg.PostgresError:
+        return ""
+    finally:
+        await conn.close()
+    return ""

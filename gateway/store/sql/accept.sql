@@ -6,11 +6,17 @@
 -- key was free and $8 false ("full": nothing stored), or a first claim committed after
 -- this statement's snapshot (the caller runs it again).
 WITH t AS (SELECT gateway_now_ms() AS now),
+found AS (
+    SELECT @record(r), r.expires_ms, coalesce(r.expires_ms <= t.now, false)
+        OR r.state = 'released' OR (r.state = 'in_flight' AND r.lease_until_ms <= t.now
+            AND $9 = 'release' AND NOT r.delivery) AS free
+    FROM gateway_records r, t WHERE r.prefix = @prefix AND r.digest = $1
+),
 queued AS (
     INSERT INTO gateway_records AS r (prefix, digest, route, key, state, run_id, fingerprint,
         created_ms, since_ms, delivery, due_ms, token, request)
     SELECT @prefix, $1, $2, $3, 'queued', $4, $5, t.now, t.now, true, t.now, $7, $6
-    FROM t WHERE $8
+    FROM t WHERE $8 AND NOT EXISTS (SELECT 1 FROM found WHERE NOT found.free)
     ON CONFLICT (prefix, digest) DO UPDATE SET
         route = excluded.route, key = excluded.key, state = 'queued',
         run_id = excluded.run_id, fingerprint = excluded.fingerprint,
@@ -38,6 +44,5 @@ told AS (
 )
 SELECT 1 AS outcome, t.now, q.*, (SELECT count(*) FROM told) AS notified FROM queued q, t
 UNION ALL
-SELECT 0, t.now, @record(r), 0 FROM gateway_records r, t
-WHERE r.prefix = @prefix AND r.digest = $1 AND NOT EXISTS (SELECT 1 FROM queued)
-    AND r.state <> 'released' AND (r.expires_ms IS NULL OR r.expires_ms > t.now)
+SELECT 0, t.now, @record(f), 0 FROM found f, t
+WHERE NOT EXISTS (SELECT 1 FROM queued) AND NOT f.free

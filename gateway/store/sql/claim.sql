@@ -7,10 +7,19 @@
 -- marked `waiting` when in flight (its changes are then NOTIFYed). No row: a first claim
 -- committed after this statement's snapshot was taken; the caller runs it again.
 WITH t AS (SELECT gateway_now_ms() AS now),
+found AS (
+    SELECT @record(r), r.expires_ms, coalesce(r.expires_ms <= t.now, false)
+        OR r.state = 'released' OR (r.state = 'in_flight' AND r.lease_until_ms <= t.now
+            AND $7 = 'release' AND NOT r.delivery) AS free
+    FROM gateway_records r, t WHERE r.prefix = @prefix AND r.digest = $1
+),
 claimed AS (
     INSERT INTO gateway_records AS r (prefix, digest, route, key, state, run_id, fingerprint,
                                       created_ms, since_ms, lease_until_ms)
     SELECT @prefix, $1, $2, $3, 'in_flight', $4, $5, t.now, t.now, t.now + $6 FROM t
+    -- A row this snapshot sees taken is not touched: a replay locks nothing, so it
+    -- writes no WAL and its commit waits for no fsync.
+    WHERE NOT EXISTS (SELECT 1 FROM found WHERE NOT found.free)
     ON CONFLICT (prefix, digest) DO UPDATE SET
         route = excluded.route, key = excluded.key, state = 'in_flight',
         run_id = excluded.run_id, fingerprint = excluded.fingerprint,
@@ -41,6 +50,5 @@ SELECT 1 AS outcome, t.now, c.* FROM claimed c, t
 UNION ALL
 SELECT 0, t.now, m.* FROM marked m, t
 UNION ALL
-SELECT 0, t.now, @record(r) FROM gateway_records r, t
-WHERE r.prefix = @prefix AND r.digest = $1
-    AND NOT EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM marked)
+SELECT 0, t.now, @record(f) FROM found f, t
+WHERE NOT f.free AND NOT EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM marked)

@@ -1,0 +1,394 @@
+"""What only the PostgreSQL store has: its schema and `store migrate`, the reaper, its
+indexes, NOTIFY between processes, and recovering from a database that went away.
+The contract every store keeps is in test_store_contract.py and test_store_states.py."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from gateway.app import Gateway
+from gateway.config import StoreConfig
+from gateway.errors import StoreError
+from gateway.records import KeyRef, State, StoredRequest, StoredResponse
+from gateway.store.postgres import REAP_LOCK, PostgresStore
+from gateway.store.postgres_schema import VERSION
+from tests.conftest import GatewayClient, config_for, migrate_database, unique, upstream_count
+from tests.support.postgres import PostgresServer
+from tests.support.servers import ROOT, Process, free_port, gateway_process
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+RESPONSE = StoredResponse(200, (("content-type", "text/plain"),), b"done")
+REQUEST = StoredRequest("POST", "/jobs", (), b"{}")
+
+
+def ref(route: str = "r") -> KeyRef:
+    digest = unique("d").replace("-", "").ljust(32, "0")[:32]
+    return KeyRef(digest, route, unique("key"))
+
+
+def fresh_database(server: PostgresServer) -> str:
+    """A database of its own on the session's server, without the gateway's schema."""
+    name = unique("db").replace("-", "_")
+    server.sql(f"CREATE DATABASE {name}")
+    return server.dsn(name)
+
+
+def write_config(tmp_path: Path, url: str, **store: Any) -> Path:
+    port, admin = free_port(), free_port()
+    config = {
+        "server": {"listen": f"127.0.0.1:{port}", "shutdown_grace": "2s"},
+        "admin": {"listen": f"127.0.0.1:{admin}"},
+        "store": {"url": url, "prefix": unique("p") + ":", **store},
+        "routes": [
+            {
+                "name": "send-reminder",
+                "match": {"methods": ["POST"], "path": "/jobs/send-reminder"},
+                "upstream": "http://127.0.0.1:9",
+                "key": {"body": "job_key"},
+            }
+        ],
+    }
+    path = tmp_path / f"config-{port}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def gateway_command(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.fixture
+async def store(postgres_database: PostgresServer) -> AsyncIterator[PostgresStore]:
+    s = PostgresStore(StoreConfig(url=postgres_database.url, prefix=unique("t") + ":"))
+    await s.start()
+    yield s
+    await s.close()
+
+
+# -- the schema ---------------------------------------------------------------------
+
+
+def test_migrate_is_versioned_idempotent_and_safe_from_two_replicas_at_once(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    url = fresh_database(postgres_server)
+    path = write_config(tmp_path, url)
+    both = [gateway_command("store", "migrate", "--config", str(path)) for _ in range(2)]
+    outputs = [p.communicate(timeout=60) for p in both]
+    assert [p.returncode for p in both] == [0, 0], outputs
+    said = sorted(out for out, _ in outputs)
+    assert "applied 001_initial" in said[0] and "nothing to do" in said[1], said
+    again = gateway_command("store", "migrate", "--config", str(path))
+    out, err = again.communicate(timeout=60)
+    assert again.returncode == 0 and "nothing to do" in out, (out, err)
+    [(database,)] = postgres_server.sql("SELECT current_database()")  # the session's
+    rows = _sql(url, "SELECT version, name FROM gateway_schema")
+    assert rows == [(VERSION, "initial")]
+    assert database == "gateway"
+
+
+def _sql(url: str, query: str) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(query)
+        return cursor.fetchall() if cursor.description is not None else []
+
+
+def test_run_refuses_a_database_without_the_schema_naming_the_command(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    url = fresh_database(postgres_server)
+    path = write_config(tmp_path, url)
+    run = gateway_command("run", "--config", str(path))
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 1, (out, err)
+    assert "has no gateway schema" in err
+    assert f"idempotency-gateway store migrate --config {path}" in err
+    # Newer than this gateway (a newer one migrated it): refused too, and not "fixed".
+    migrate_database(url)
+    _sql(url, "INSERT INTO gateway_schema (version, name) VALUES (999, 'future')")
+    run = gateway_command("run", "--config", str(path))
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 1 and "newer than this gateway knows" in err, (out, err)
+    migrate = gateway_command("store", "migrate", "--config", str(path))
+    out, err = migrate.communicate(timeout=60)
+    assert migrate.returncode == 1 and "nothing was changed" in err, (out, err)
+
+
+async def test_a_store_on_a_database_without_the_schema_is_refused(
+    postgres_server: PostgresServer,
+) -> None:
+    url = fresh_database(postgres_server)
+    store = PostgresStore(StoreConfig(url=url, prefix="x:"))
+    with pytest.raises(StoreError, match="store migrate"):
+        await store.start()
+
+
+def test_migrate_on_a_store_without_a_schema_says_so(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "memory://")
+    done = gateway_command("store", "migrate", "--config", str(path))
+    out, err = done.communicate(timeout=60)
+    assert done.returncode == 0 and "no schema; nothing to do" in out, (out, err)
+
+
+# -- expiry: reads, the reaper --------------------------------------------------------
+
+
+async def test_the_reaper_deletes_expired_settled_records_and_nothing_open(
+    store: PostgresStore, postgres_database: PostgresServer
+) -> None:
+    completed, released, live = ref(), ref(), ref()
+    for r in (completed, released, live):
+        await store.claim(r, "run", "fp", 30)
+    await store.complete(completed, "run", RESPONSE, 0.05)
+    await store.mark_unresolved(released, "run", "timeout")  # a story: a tombstone follows
+    await store.begin_check(released, "run", 30, 0)
+    await store.end_check(released, "run", "not_done", {}, None, 0.05, 3600)
+    await store.complete(live, "run", RESPONSE, 3600)
+    opened = await _every_open_state(store)
+    await asyncio.sleep(0.15)
+    assert await store.get(completed) is None  # past its expiry: absent before reaping
+    while (await store.reap(limit=1)) != 0:  # bounded batches, until none is left
+        pass
+    rows = postgres_database.sql(
+        "SELECT digest, state FROM gateway_records WHERE prefix = %s", (store.prefix,)
+    )
+    left = dict(rows)
+    assert completed.digest not in left and released.digest not in left
+    assert left[live.digest] == "completed"
+    for r, state in opened.items():
+        assert left[r.digest] == state, (state, left.get(r.digest))
+
+
+async def _every_open_state(store: PostgresStore) -> dict[KeyRef, str]:
+    """A record in each state that never expires, each with a lease that ran out."""
+    found: dict[KeyRef, str] = {}
+    for state in ("unresolved", "parked", "claimed", "in_flight"):
+        r = ref()
+        await store.claim(r, "run", "fp", 0.05)
+        if state != "in_flight":
+            await store.mark_unresolved(r, "run", "timeout", park=state != "unresolved")
+        if state == "claimed":
+            assert (await store.operator_claim(r, "alice", force=False)).ok
+        found[r] = state
+    queued, retrying = ref("d"), ref("d")
+    for r in (queued, retrying):
+        await store.accept(r, "run", "fp", REQUEST, "token-0123456789")
+    await store.pick("d", retrying, "run-2", 30, 8, "replica")
+    await store.retry_later(retrying, "run-2", 3600, {"result": "status"})
+    found[queued], found[retrying] = "queued", "retrying"
+    return found
+
+
+async def test_one_reaper_at_a_time(
+    store: PostgresStore, postgres_database: PostgresServer
+) -> None:
+    import psycopg
+
+    with psycopg.connect(postgres_database.url, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", (REAP_LOCK,))  # another replica reaps
+        assert await store.reap() is None
+        other.execute("SELECT pg_advisory_unlock(%s)", (REAP_LOCK,))
+    assert await store.reap() is not None
+
+
+@pytest.mark.parametrize(
+    ("statement", "index"),
+    [
+        ("stats", "gateway_records_open"),
+        ("leases", "gateway_records_leases"),
+        ("due", "gateway_records_due"),
+        ("queue_stats", "gateway_records_due"),
+        ("reap", "gateway_records_expiry"),
+    ],
+)
+async def test_listings_gauges_sweep_and_reaper_read_their_index(
+    store: PostgresStore, statement: str, index: str
+) -> None:
+    """O(open records), never O(completed ones): the statements can be answered from
+    their partial index (the planner is told not to scan the table, and must not have
+    to; on a table this small it would otherwise choose a scan anyway)."""
+    args = {"leases": (10,), "due": ("r", 10), "reap": (10, 1)}.get(statement, ())
+
+    async def explain(conn: Any) -> str:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL enable_seqscan = off")
+            rows = await conn.fetch("EXPLAIN " + store.db.statements[statement], *args)
+        return "\n".join(row[0] for row in rows)
+
+    plan = await store.db.call(explain, "explain")
+    assert index in plan, plan
+    assert "Seq Scan on gateway_records" not in plan, plan
+
+
+# -- notices between processes ----------------------------------------------------------
+
+
+async def test_a_waiter_in_another_process_is_woken_with_the_response(
+    store: PostgresStore, postgres_database: PostgresServer
+) -> None:
+    """Two stores are two processes' connections: the waiter's claim marks the row,
+    the completion's NOTIFY wakes it, carrying the response when it fits, so the
+    waiter replays without reading the record again."""
+    other = PostgresStore(StoreConfig(url=postgres_database.url, prefix=store.prefix))
+    await other.start()
+    try:
+        await asyncio.wait_for(other.subscribed.wait(), 10)
+        for body in (b"small", b"x" * 6000):
+            r = ref()
+            await store.claim(r, "run-1", "fp", 30)
+            with other.notifier.watch(r.digest) as changed:
+                seen = await other.claim(r, "run-2", "fp", 30)
+                assert seen is not None and seen.state is State.IN_FLIGHT
+                response = StoredResponse(200, (), body)
+                assert await store.complete(r, "run-1", response, 60)
+                await asyncio.wait_for(changed.wait(), 5)
+            if len(body) < 5000:
+                assert changed.completed == ("fp", response)
+            else:  # too large for a notice: the waiter reads the record
+                assert changed.completed is None
+    finally:
+        await other.close()
+
+
+# -- a database that goes away ------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_database_down_fails_closed_or_open_then_recovers_without_a_restart(
+    upstream: Process,
+) -> None:
+    server = PostgresServer()
+    server.start()
+    migrate_database(server.url)
+    routes = [
+        {"name": "closed", "match": {"path": "/closed"}, "key": {"header": "Idempotency-Key"}},
+        {
+            "name": "open",
+            "match": {"path": "/open"},
+            "key": {"header": "Idempotency-Key"},
+            "on_store_error": "fail_open",
+        },
+    ]
+    store = {"url": server.url, "socket_timeout": "500ms", "connect_timeout": "500ms"}
+    gateway = Gateway(config_for(upstream.url, routes, store=store))
+    await gateway.start()
+    client = GatewayClient(gateway)
+    try:
+        assert (
+            await client.post("/closed", headers={"Idempotency-Key": unique()})
+        ).status_code == 200
+        server.stop()
+        down = await client.post("/closed", headers={"Idempotency-Key": unique()})
+        assert down.status_code == 503 and "retry-after" in down.headers
+        key = unique()
+        passed = await client.post("/open", headers={"Idempotency-Key": key})
+        assert passed.status_code == 200 and await upstream_count(upstream, key) == 1
+        server.start()
+        key = unique()
+        for _ in range(50):  # the pool reconnects on the next call; no restart
+            back = await client.post("/closed", headers={"Idempotency-Key": key})
+            if back.status_code == 200:
+                break
+            await asyncio.sleep(0.1)
+        assert back.status_code == 200
+        again = await client.post("/closed", headers={"Idempotency-Key": key})
+        assert again.headers.get("idempotent-replayed") == "true"
+        assert await upstream_count(upstream, key) == 1
+    finally:
+        await client.http.aclose()
+        await gateway.close()
+        server.stop()
+        server.remove()
+
+
+# -- two gateway processes on one database ----------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.process
+async def test_two_gateway_processes_on_one_database_run_each_key_once(
+    tmp_path: Path, upstream: Process, postgres_database: PostgresServer
+) -> None:
+    prefix = unique("rep") + ":"
+    gateways = []
+    try:
+        for _ in range(2):
+            port, admin = free_port(), free_port()
+            config = {
+                "server": {"listen": f"127.0.0.1:{port}", "shutdown_grace": "3s"},
+                "admin": {"listen": f"127.0.0.1:{admin}"},
+                "store": {"url": postgres_database.url, "prefix": prefix},
+                "routes": [
+                    {
+                        "name": "send-reminder",
+                        "match": {"methods": ["POST"], "path": "/jobs/send-reminder"},
+                        "upstream": upstream.url,
+                        "key": {"body": "job_key"},
+                    }
+                ],
+            }
+            path = tmp_path / f"config-{port}.yaml"
+            path.write_text(yaml.safe_dump(config))
+            gateways.append(gateway_process(path, port).start())
+        keys = [unique("storm") for _ in range(20)]
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
+        async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+
+            async def one(i: int, key: str) -> tuple[str, httpx.Response]:
+                url = f"http://127.0.0.1:{gateways[i % 2].port}/jobs/send-reminder"
+                return key, await client.post(url, json={"job_key": key}, params={"sleep": "0.2"})
+
+            results = await asyncio.gather(*[one(i, k) for k in keys for i in range(10)])
+        by_key: dict[str, set[bytes]] = {}
+        for key, response in results:
+            assert response.status_code == 200, response.text
+            by_key.setdefault(key, set()).add(response.content)
+        for key in keys:
+            assert len(by_key[key]) == 1, "every caller of a key gets the same body"
+            assert await upstream_count(upstream, key) == 1, key
+    finally:
+        for gateway in gateways:
+            gateway.stop()
+
+
+async def test_an_unreachable_database_fails_calls_and_never_shows_the_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = free_port()  # nothing listens there
+    config = StoreConfig(
+        url=f"postgresql://gateway:s3cret-pw@127.0.0.1:{port}/gateway",
+        password="other-secret",
+        connect_timeout=0.5,
+        socket_timeout=0.5,
+    )
+    store = PostgresStore(config)
+    await store.start()  # starts anyway: routes fail closed (or open) until it answers
+    try:
+        with pytest.raises(StoreError) as failed:
+            await store.claim(ref(), "run", "fp", 30)
+        assert "postgresql claim failed" in str(failed.value)
+        with pytest.raises(StoreError):
+            await store.ping()
+    finally:
+        await store.close()
+    shown = str(failed.value) + caplog.text
+    assert "s3cret-pw" not in shown and "other-secret" not in shown
+    assert "requests on keyed routes fail until it answers" in caplog.text
