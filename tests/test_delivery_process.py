@@ -384,6 +384,52 @@ async def test_sigterm_stops_picking_then_marks_unresolved(
     assert runs == {running: 1, waiting: 1}
 
 
+# -- a backlog picked by two replicas at once ---------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "store_kind", ["redis", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_backlog_picked_by_two_replicas_at_once_runs_each_once(
+    tmp_path: Path,
+    upstream: Process,
+    store_kind: str,
+    ledger: Ledger,
+    request: pytest.FixtureRequest,
+) -> None:
+    """24 deliveries queued while nobody delivers, then two delivering replicas started
+    at the same moment: both rescan the same queue and pick its earliest items at once.
+    Each item is taken by one of them (Redis: one script; PostgreSQL: FOR UPDATE SKIP
+    LOCKED, the article's Technique 3) and runs once."""
+    site = Site(tmp_path, upstream, _store_server(store_kind, request))
+    prefix = unique("backlog")
+    keys = [f"{prefix}-{i}" for i in range(24)]
+    accepting = site.gateway(max_deliveries=0)
+    for key in keys:
+        assert (await send(accepting, key, "sleep=0.3")).status_code == 202
+    accepting.stop()
+    replicas = [site.gateway(start=False) for _ in range(2)]
+    for replica in replicas:
+        replica.start(wait=False)
+    found = [await site.until(key, State.COMPLETED, timeout=30) for key in keys]
+    await asyncio.sleep(0.5)  # a second delivery, if one were wrongly made, would show
+    runs = await site.runs(prefix)
+    replicas_seen = {
+        e["replica"] for r in found for e in r.to_json()["history"] if e["event"] == "attempt"
+    }
+    ledger.record(
+        AREA,
+        f"backlog_two_replicas_at_once[{store_kind}]",
+        requests=len(keys),
+        upstream_duplicates=sum(max(0, n - 1) for n in runs.values()),
+        records_lost=sum(lost(r) for r in found),
+        detail=f"{len(keys)} queued; delivered by {len(replicas_seen)} replicas",
+    )
+    assert runs == {key: 1 for key in keys}
+    assert [r.attempts for r in found] == [1] * len(keys)
+
+
 # -- a duplicate storm over two gateway processes ----------------------------------------
 
 
