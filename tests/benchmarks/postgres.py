@@ -74,8 +74,8 @@ APP = "idempotency-gateway"
 #: What a gateway runs by itself, not per request: the sweep's lease list, the reaper,
 #: the reset marker, the settings read, the listener's keep-alive and LISTEN, gauges.
 BACKGROUND_SQL = frozenset(
-    {"leases", "reap", "stats", "queue_stats", "due", "unresolved_listing", "marker",
-     "settings", "ping", "listen", "schema"}
+    {"leases", "reap", "stats", "queue_stats", "due", "listing", "marker", "settings",
+     "ping", "listen", "schema"}
 )  # fmt: skip
 
 
@@ -238,6 +238,7 @@ def name_statement(first_line: str, names: dict[str, str]) -> str:
         ("listen ", "listen"),
         ("gateway_schema", "schema"),
         ("select 1", "ping"),
+        ("select t.now, r.digest", "listing"),  # open_records: the gauges, the sweep
     ):
         if needle in lowered:
             return name
