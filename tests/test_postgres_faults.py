@@ -504,7 +504,7 @@ async def test_acknowledged_writes_survive_a_crash_at_once(ledger: Ledger) -> No
         "acknowledged_writes_survive_a_crash",
         faults=1,
         records_lost=sum(r is None for r in found),
-        detail=f"6 claims and 3 completions acknowledged, then SIGKILL: {states}",
+        detail=f"6 claims and 3 completions acknowledged, then SIGKILL: {[str(s) for s in states]}",
     )
     assert states == [State.COMPLETED] * 3 + [State.IN_FLIGHT] * 3
     assert [r.response for r in found[:3] if r is not None] == [response] * 3
