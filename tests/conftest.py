@@ -112,6 +112,8 @@ ALL_STORES = [
     pytest.param("cluster", marks=[pytest.mark.redis, pytest.mark.cluster]),
     pytest.param("postgres", marks=pytest.mark.postgres),
 ]
+#: The Redis topologies among them, for tests that count Redis's own commands.
+REDIS_STORES = ALL_STORES[1:3]
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from gateway.records import State
-from tests.conftest import ALL_STORES, GatewayClient, unique, upstream_count
+from tests.conftest import ALL_STORES, REDIS_STORES, GatewayClient, unique, upstream_count
 from tests.support.servers import Process, free_port
 
 pytestmark = pytest.mark.anyio
@@ -550,7 +550,7 @@ async def _record(gw: GatewayClient, key: str) -> Any:
     )
 
 
-@pytest.mark.parametrize("store_kind", ALL_STORES[1:])
+@pytest.mark.parametrize("store_kind", REDIS_STORES)
 async def test_waiting_duplicate_does_not_poll_redis(
     gateway_for: Build,
     upstream: Process,
@@ -580,7 +580,7 @@ async def test_waiting_duplicate_does_not_poll_redis(
     assert not [r for r in caplog.records if "notifications lost" in r.getMessage()]
 
 
-@pytest.mark.parametrize("store_kind", ALL_STORES[1:])
+@pytest.mark.parametrize("store_kind", REDIS_STORES)
 async def test_waiting_duplicate_costs_one_round_trip(
     gateway_for: Build, upstream: Process, store_kind: str, request: pytest.FixtureRequest
 ) -> None:
