@@ -478,6 +478,19 @@ async def test_accept_refused_admission_stores_nothing(store: Store) -> None:
     assert await store.queue_stats() == []
 
 
+async def test_refused_admission_still_settles_a_dead_lease(store: Store) -> None:
+    """A key whose gateway died is what its route's policy says before anything else,
+    even when the queue is full: under release it is released (its story kept)."""
+    r = ref()
+    await store.claim(r, "run-1", "fp", 0.05)
+    await asyncio.sleep(0.15)
+    full = await store.accept(r, "run-a", "fp", REQUEST, TOKEN, admit=False, expired="release")
+    assert full.outcome == "full" and full.record is None
+    record = await store.get(r)
+    assert record is not None and record.state is State.RELEASED
+    assert [e["event"] for e in record.history] == ["released"]
+
+
 async def test_accepted_delivery_is_listed_counted_and_announced(store: Store) -> None:
     heard = await Heard(store).subscribed(store)
     r = await accepted(store)

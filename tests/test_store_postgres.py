@@ -392,3 +392,44 @@ async def test_an_unreachable_database_fails_calls_and_never_shows_the_password(
     shown = str(failed.value) + caplog.text
     assert "s3cret-pw" not in shown and "other-secret" not in shown
     assert "requests on keyed routes fail until it answers" in caplog.text
+
+
+@pytest.mark.slow
+async def test_a_hung_database_fails_calls_in_bounded_time_then_recovers() -> None:
+    """SIGSTOP: the server holds its connections and answers nothing. Calls fail as
+    StoreError (a hang here would be the test's timeout), and work again after
+    SIGCONT, with no restart of the store."""
+    import os
+    import signal
+
+    server = PostgresServer()
+    server.start()
+    migrate_database(server.url)
+    assert server.proc is not None
+    store = PostgresStore(StoreConfig(url=server.url, socket_timeout=0.5, connect_timeout=0.5))
+    await store.start()
+    frozen = [server.proc.pid, *server.children()]
+    try:
+        assert await store.claim(ref(), "run", "fp", 30) is None
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        for _ in range(3):
+            with pytest.raises(StoreError):
+                await store.claim(ref(), "run", "fp", 30)
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        frozen = []
+        for _ in range(50):
+            try:
+                assert await store.claim(ref(), "run", "fp", 30) is None
+                break
+            except StoreError:
+                await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the store never recovered")
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        await store.close()
+        server.stop()
+        server.remove()

@@ -58,6 +58,12 @@ class PostgresDeliveries(Store):
         )
         row = await self._claim_or_read("accept", ref, *args)
         if row is None:  # free, not admitted: nothing stored
+            found = await self.get(ref)
+            if found is not None and found.state is State.IN_FLIGHT:
+                # free only once its dead lease is released, as a claim would have
+                found = await self._expired(ref, found, expired)
+            if found is not None:
+                return Accepted("full", found.now_ms)
             now = await self.db.call(lambda conn: conn.fetchval("SELECT gateway_now_ms()"), "now")
             return Accepted("full", int(now))
         now = row["now"]

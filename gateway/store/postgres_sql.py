@@ -48,7 +48,6 @@ RECORD_COLUMNS = (
 #: work: the call is made once more (every statement is safe to run twice).
 RETRIED = (
     OSError,
-    asyncio.TimeoutError,
     asyncpg.InterfaceError,
     asyncpg.PostgresConnectionError,
     asyncpg.exceptions.AdminShutdownError,
@@ -57,7 +56,9 @@ RETRIED = (
     # a connection whose protocol a crash left mid-operation (see call())
     asyncpg.InternalClientError,
 )
-FAILED = (*RETRIED, asyncpg.PostgresError)
+#: A call that ran out of time is not retried: a hung database costs a request about
+#: 2 x socket_timeout (the pool's queue and the statement), then 503, as on Redis.
+FAILED = (*RETRIED, TimeoutError, asyncpg.PostgresError)
 
 _RECORD = re.compile(r"@record\((\w+)\)")
 
@@ -166,7 +167,7 @@ class Database:
                     raise StoreError(f"postgresql {what} failed: {_message(exc)}") from None
                 retried = True
                 await asyncio.sleep(0.02)
-            except asyncpg.PostgresError as exc:
+            except (TimeoutError, asyncpg.PostgresError) as exc:
                 raise StoreError(f"postgresql {what} failed: {_message(exc)}") from None
 
     async def transaction(self, work: Callable[[asyncpg.Connection], Awaitable[T]], what: str) -> T:
@@ -191,7 +192,7 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 def _message(exc: BaseException) -> str:
     """The driver's words, without a connection string (asyncpg never puts the password
     in a message; OSErrors name the address)."""
-    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+    if isinstance(exc, TimeoutError):
         return "timed out"
     text = str(exc) or type(exc).__name__
     return text.splitlines()[0]
