@@ -1,4 +1,5 @@
-"""Gateway processes that die or are told to stop, on a real Redis."""
+"""Gateway processes that die or are told to stop, on a real Redis (and PostgreSQL:
+a SIGKILLed gateway's lease runs out into the route's policy on either store)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import yaml
 
 from gateway.records import State
 from tests.conftest import unique, upstream_count
-from tests.support.records import read_record, until_state
+from tests.support.records import StoreServer, read_record, until_state
 from tests.support.servers import (
     ROOT,
     Process,
@@ -33,19 +34,25 @@ pytestmark = [pytest.mark.anyio, pytest.mark.process, pytest.mark.redis]
 TOKEN = "crash-test-token"
 
 
+#: Short store timeouts keep the lease margin small: lease = deadline + about 2.2 s on
+#: Redis. PostgreSQL's get 500 ms (lease = deadline + 4 s): a commit waits for its
+#: fsync, which on a busy 2-core machine can take a good part of 200 ms.
+STORE_TIMEOUT = {"redis": "200ms", "postgres": "500ms"}
+
+
 def write_config(
-    tmp_path: Path, upstream: Process, redis: RedisServer, prefix: str, **route: Any
+    tmp_path: Path, upstream: Process, store: StoreServer, prefix: str, **route: Any
 ) -> tuple[Path, int, int]:
     port, admin_port = free_port(), free_port()
+    timeout = STORE_TIMEOUT["postgres" if store.url.startswith("postgres") else "redis"]
     config = {
         "server": {"listen": f"127.0.0.1:{port}", "shutdown_grace": route.pop("grace", "5s")},
         "admin": {"listen": f"127.0.0.1:{admin_port}", "token": TOKEN},
-        # Short store timeouts keep the lease margin small: lease = deadline + ~2.2 s.
         "store": {
-            "url": redis.url,
+            "url": store.url,
             "prefix": prefix,
-            "socket_timeout": "200ms",
-            "connect_timeout": "200ms",
+            "socket_timeout": timeout,
+            "connect_timeout": timeout,
         },
         "routes": [
             {
@@ -64,10 +71,29 @@ def write_config(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["reconcile", "park"])
+@pytest.mark.parametrize(
+    ("store_kind", "policy"),
+    [
+        pytest.param("redis", "reconcile", id="reconcile"),
+        pytest.param("redis", "park", id="park"),
+        pytest.param("postgres", "reconcile", id="postgres-reconcile", marks=pytest.mark.postgres),
+        pytest.param("postgres", "park", id="postgres-park", marks=pytest.mark.postgres),
+    ],
+)
 async def test_sigkill_mid_request_then_new_gateway(
-    tmp_path: Path, upstream: Process, redis_server: RedisServer, policy: str
+    tmp_path: Path,
+    upstream: Process,
+    store_kind: str,
+    policy: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    """The gateway dies while the upstream holds the request; the next gateway's sweep
+    finds the dead lease (by the store's clock) and opens the key per the route's
+    policy: reconcile asks the upstream (done: completed), park leaves it to a person.
+    Never resent blind, on Redis and on PostgreSQL alike."""
+    server: StoreServer = request.getfixturevalue(
+        "postgres_database" if store_kind == "postgres" else "redis_server"
+    )
     prefix = unique("kill") + ":"
     extra: dict[str, Any] = {"upstream_timeout": "1s", "on_unknown_outcome": policy}
     if policy == "reconcile":
@@ -76,7 +102,7 @@ async def test_sigkill_mid_request_then_new_gateway(
             "every": "300ms",
             "timeout": "500ms",
         }
-    path, port, _ = write_config(tmp_path, upstream, redis_server, prefix, **extra)
+    path, port, _ = write_config(tmp_path, upstream, server, prefix, **extra)
     first = gateway_process(path, port).start()
     key = unique("charge")
     body = {"job_key": key}
@@ -88,12 +114,12 @@ async def test_sigkill_mid_request_then_new_gateway(
         first.kill()
         with pytest.raises(httpx.TransportError):
             await request
-    record = await read_record(redis_server, prefix, "charge", key)
+    record = await read_record(server, prefix, "charge", key)
     assert record is not None and record.state is State.IN_FLIGHT  # nobody settled it
     second = gateway_process(path, port).start()
     try:
         expected = State.COMPLETED if policy == "reconcile" else State.PARKED
-        record = await until_state(redis_server, prefix, "charge", key, expected)
+        record = await until_state(server, prefix, "charge", key, expected, timeout=20)
         assert record.history[0] == {
             "at_ms": record.history[0]["at_ms"],
             "event": "unknown",

@@ -1,11 +1,14 @@
 """delivery: async (issue 14) across real processes: gateways SIGKILLed mid-attempt and
 before pickup, Redis restarted with AOF between acceptance and delivery, SIGTERM while
-a delivery is under way, and a duplicate storm over two gateway processes.
+a delivery is under way, and a duplicate storm over two gateway processes. The kill
+before pickup and the storm run on PostgreSQL too (issue 16), whose pick is `FOR
+UPDATE SKIP LOCKED`: two processes never deliver one item.
 
-Everything is a real process: redis-server, the test upstream under uvicorn (it counts
-runs per key) and `python -m gateway run`. The figures go to the reliability ledger
-(area "async delivery"): a duplicate is a run of a key the promise does not allow, a
-lost record an accepted key that is gone, released, or left with nobody to deliver it.
+Everything is a real process: redis-server (or PostgreSQL), the test upstream under
+uvicorn (it counts runs per key) and `python -m gateway run`. The figures go to the
+reliability ledger (area "async delivery"): a duplicate is a run of a key the promise
+does not allow, a lost record an accepted key that is gone, released, or left with
+nobody to deliver it.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ import yaml
 from gateway.config import StoreConfig
 from gateway.keys import record_digest
 from gateway.records import KeyRef, Record, State
-from gateway.store.redis import RedisStore
+from gateway.store import open_store
 from tests.conftest import unique, upstream_count
 from tests.support.ledger import Ledger
+from tests.support.records import StoreServer
 from tests.support.servers import Process, RedisServer, free_port, gateway_process
 from tests.support.topologies import ClusterSetup
 
@@ -38,7 +42,11 @@ AREA = "async delivery"
 ROUTE = "send-invoices"
 PATH = "/jobs/send-invoices"
 #: Short store timeouts keep the lease margin small: lease = upstream_timeout + 2.2 s.
+#: PostgreSQL's commits wait for an fsync, and the copies of a key that arrive before
+#: its first commit wait for one another (each locks the row): 1 s there (lease =
+#: upstream_timeout + 7 s; no test here waits for a PostgreSQL lease).
 STORE = {"socket_timeout": "200ms", "connect_timeout": "200ms"}
+PG_STORE = {"socket_timeout": "1s", "connect_timeout": "1s"}
 AOF_ALWAYS = ("--appendonly", "yes", "--appendfsync", "always")
 
 #: Gateways the running test started; whatever still runs when it ends is killed, so a
@@ -60,7 +68,7 @@ class Site:
         self,
         tmp_path: Path,
         upstream: Process,
-        redis: RedisServer | None,
+        redis: StoreServer | None,
         cluster: ClusterSetup | None = None,
         **route: Any,
     ) -> None:
@@ -78,7 +86,8 @@ class Site:
             )
         else:
             assert redis is not None
-            self.store = {"url": redis.url}
+            timeouts = PG_STORE if redis.url.startswith("postgres") else STORE
+            self.store = {"url": redis.url, **timeouts}
             self.store_config = StoreConfig(url=redis.url, prefix=self.prefix)
         self.route = {
             "name": ROUTE,
@@ -104,7 +113,7 @@ class Site:
         config = {
             "server": {"listen": f"127.0.0.1:{port}", "shutdown_grace": "1s", **server},
             "admin": {"listen": f"127.0.0.1:{admin_port}"},
-            "store": {**self.store, "prefix": self.prefix, **STORE},
+            "store": {**STORE, **self.store, "prefix": self.prefix},
             "routes": [self.route],
         }
         path = self.tmp_path / f"gateway-{port}.yaml"
@@ -114,7 +123,7 @@ class Site:
         return gateway.start() if start else gateway
 
     async def record(self, key: str) -> Record | None:
-        store = RedisStore(self.store_config)
+        store = open_store(self.store_config)
         try:
             return await store.get(KeyRef(record_digest(ROUTE, "", key), ROUTE, key))
         finally:
@@ -155,6 +164,14 @@ async def until_runs(upstream: Process, key: str, runs: int, timeout: float = 15
     while await upstream_count(upstream, key) < runs:
         assert time.monotonic() < deadline, f"{key} never reached the upstream {runs}x"
         await asyncio.sleep(0.05)
+
+
+def _store_server(kind: str, request: pytest.FixtureRequest) -> StoreServer:
+    """The session's redis-server, or its PostgreSQL with the gateway's schema."""
+    server: StoreServer = request.getfixturevalue(
+        "postgres_database" if kind == "postgres" else "redis_server"
+    )
+    return server
 
 
 def lost(record: Record | None) -> bool:
@@ -281,13 +298,21 @@ async def test_sigkill_mid_attempt(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "store_kind", ["redis", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
 async def test_sigkill_before_pickup_other_replica_delivers(
-    tmp_path: Path, upstream: Process, redis_server: RedisServer, ledger: Ledger
+    tmp_path: Path,
+    upstream: Process,
+    store_kind: str,
+    ledger: Ledger,
+    request: pytest.FixtureRequest,
 ) -> None:
     """A gateway that only accepts (`server.max_deliveries: 0`) is killed after its
     202s. A replica started afterwards finds the queued work by its rescan; a replica
-    already running when another accepting gateway is killed finds it by the notice."""
-    site = Site(tmp_path, upstream, redis_server)
+    already running when another accepting gateway is killed finds it by the notice
+    (Redis pub/sub, or PostgreSQL's NOTIFY)."""
+    site = Site(tmp_path, upstream, _store_server(store_kind, request))
     before = [unique("before") for _ in range(3)]
     accepting = site.gateway(max_deliveries=0)
     for key in before:
@@ -310,7 +335,7 @@ async def test_sigkill_before_pickup_other_replica_delivers(
     delivering.stop()
     ledger.record(
         AREA,
-        "sigkill_before_pickup",
+        f"sigkill_before_pickup[{store_kind}]",
         requests=len(runs),
         faults=2,
         upstream_duplicates=sum(max(0, n - 1) for n in runs),
@@ -417,6 +442,52 @@ async def test_sigterm_stops_picking_then_marks_unresolved(
     assert runs == {running: 1, waiting: 1}
 
 
+# -- a backlog picked by two replicas at once ---------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "store_kind", ["redis", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_backlog_picked_by_two_replicas_at_once_runs_each_once(
+    tmp_path: Path,
+    upstream: Process,
+    store_kind: str,
+    ledger: Ledger,
+    request: pytest.FixtureRequest,
+) -> None:
+    """24 deliveries queued while nobody delivers, then two delivering replicas started
+    at the same moment: both rescan the same queue and pick its earliest items at once.
+    Each item is taken by one of them (Redis: one script; PostgreSQL: FOR UPDATE SKIP
+    LOCKED, the article's Technique 3) and runs once."""
+    site = Site(tmp_path, upstream, _store_server(store_kind, request))
+    prefix = unique("backlog")
+    keys = [f"{prefix}-{i}" for i in range(24)]
+    accepting = site.gateway(max_deliveries=0)
+    for key in keys:
+        assert (await send(accepting, key, "sleep=0.3")).status_code == 202
+    accepting.stop()
+    replicas = [site.gateway(start=False) for _ in range(2)]
+    for replica in replicas:
+        replica.start(wait=False)
+    found = [await site.until(key, State.COMPLETED, timeout=30) for key in keys]
+    await asyncio.sleep(0.5)  # a second delivery, if one were wrongly made, would show
+    runs = await site.runs(prefix)
+    replicas_seen = {
+        e["replica"] for r in found for e in r.to_json()["history"] if e["event"] == "attempt"
+    }
+    ledger.record(
+        AREA,
+        f"backlog_two_replicas_at_once[{store_kind}]",
+        requests=len(keys),
+        upstream_duplicates=sum(max(0, n - 1) for n in runs.values()),
+        records_lost=sum(lost(r) for r in found),
+        detail=f"{len(keys)} queued; delivered by {len(replicas_seen)} replicas",
+    )
+    assert runs == {key: 1 for key in keys}
+    assert [r.attempts for r in found] == [1] * len(keys)
+
+
 # -- a duplicate storm over two gateway processes ----------------------------------------
 
 
@@ -451,7 +522,14 @@ async def post_raw(port: int, key: str, side: int) -> Answer:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("topology", ["redis", pytest.param("cluster", marks=pytest.mark.cluster)])
+@pytest.mark.parametrize(
+    "topology",
+    [
+        "redis",
+        pytest.param("cluster", marks=pytest.mark.cluster),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 async def test_storm_two_replicas_twenty_deliveries(
     tmp_path: Path,
     upstream: Process,
@@ -462,11 +540,12 @@ async def test_storm_two_replicas_twenty_deliveries(
     """50 parallel copies of each of 20 keys, spread over two gateway processes: every
     caller gets a 202 for its key with that key's one status URL, each key is delivered
     exactly once, and each status URL answers from the replica that did not give it.
-    On one Redis and on a Cluster (the queues follow the records' 64 hash tags)."""
+    On one Redis, on a Cluster (the queues follow the records' 64 hash tags) and on
+    PostgreSQL (both processes pick with FOR UPDATE SKIP LOCKED)."""
     if topology == "cluster":
         site = Site(tmp_path, upstream, None, request.getfixturevalue("redis_cluster"))
     else:
-        site = Site(tmp_path, upstream, request.getfixturevalue("redis_server"))
+        site = Site(tmp_path, upstream, _store_server(topology, request))
     gateways = [site.gateway(), site.gateway()]
     prefix = unique("storm")
     keys = [f"{prefix}-{i}" for i in range(20)]

@@ -53,6 +53,8 @@ RETRIED = (
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.CrashShutdownError,
     asyncpg.exceptions.CannotConnectNowError,
+    # a connection whose protocol a crash left mid-operation (see call())
+    asyncpg.InternalClientError,
 )
 #: A call that ran out of time is not retried: a hung database costs a request about
 #: 2 x socket_timeout (the pool's queue and the statement), then 503, as on Redis.
@@ -122,6 +124,7 @@ class Database:
                 min_size=0,
                 max_size=self._max,
                 init=self._setup,
+                reset=_keep_session,
                 max_inactive_connection_lifetime=300,
                 **self.connect,
             )
@@ -150,8 +153,15 @@ class Database:
                 pool = await self.pool()
                 async with asyncio.timeout(self.timeout * 2):  # the pool's queue, too
                     async with pool.acquire() as conn:
-                        # the pool's proxy forwards every method of the Connection
-                        return await work(cast(asyncpg.Connection, conn))
+                        try:
+                            # the pool's proxy forwards every method of the Connection
+                            return await work(cast(asyncpg.Connection, conn))
+                        except asyncpg.InternalClientError:
+                            # After a crash of the database asyncpg can hand back a
+                            # connection whose protocol is still mid-operation ("another
+                            # operation is in progress"): never pool it again.
+                            conn.terminate()
+                            raise
             except RETRIED as exc:
                 if retried:
                     raise StoreError(f"postgresql {what} failed: {_message(exc)}") from None
@@ -168,6 +178,15 @@ class Database:
                 return await work(conn)
 
         return await self.call(run, what)
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """What a connection going back to the pool needs: nothing. asyncpg's default sends
+    `SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL;` each time, a
+    second round trip per store call (tests/test_store_round_trips.py counts them); the
+    store leaves no session state behind (advisory locks are transaction-scoped, LISTEN
+    has its own connection, nothing is SET), and asyncpg still rolls back an open
+    transaction before this runs."""
 
 
 def _message(exc: BaseException) -> str:
