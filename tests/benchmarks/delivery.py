@@ -26,6 +26,10 @@ jobs / sync first requests per second (>= 0.8). They are not thresholds: nothing
 fails on a figure. CPU columns: the gateway process's and redis-server's CPU time per
 request (user + system, /proc) over the measured seconds.
 
+`--baseline-src DIR` measures another checkout's gateway in every run too (the order
+alternating), for its figures side by side; `--skip-deliver` leaves out the delivering
+phase (the accept ratios only, in half the time).
+
 `--extras commands` (default): Redis round trips per accepted request, per delivery and
 per sync first request (MONITOR, EVALSHA by script name; the queue watch's reads and
 other background commands set aside), over `--commands-n` requests.
@@ -119,7 +123,7 @@ routes:
         return path
 
     @contextlib.contextmanager
-    def gateway(self, tag: str, max_deliveries: int) -> Iterator[tuple[int, Any]]:
+    def gateway(self, tag: str, max_deliveries: int, src: Path = REPO) -> Iterator[tuple[int, Any]]:
         port = h.free_port()
         argv = [
             sys.executable,
@@ -132,7 +136,7 @@ routes:
         argv += ["--log-level", "WARNING"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         env.pop("PYTHONPATH", None)
-        proc = self.procs.start(tag, argv, env=env, cwd=REPO)
+        proc = self.procs.start(tag, argv, env=env, cwd=src)  # -m finds its gateway
         try:
             h.wait_ready(self.procs, proc, port, SYNC_PATH, DEFAULT_BODY)
             yield port, proc
@@ -159,12 +163,12 @@ routes:
         return sum(int(v or 0) for v in pipe.execute())
 
 
-def measure(site: Site, run: int) -> Run:
+def measure(site: Site, run: int, src: Path = REPO) -> Run:
     out = Run()
     d = site.args.duration
     site.redis.clients[0].flushdb()
     redis = [site.redis.proc.pid]
-    with site.gateway(f"accepting-{run}", 0) as (port, proc):
+    with site.gateway(f"accepting-{run}-{src.name}", 0, src) as (port, proc):
         pids = h.group_pids(proc.pid)
         stored, cycle = "", 1
         for name, path, mode in (
@@ -194,7 +198,11 @@ def measure(site: Site, run: int) -> Run:
             if name == "unique":
                 stored, cycle = tag, max(1, n - 4 * site.args.connections)
     out.queued = site.depth()
-    with site.gateway(f"delivering-{run}", 64) as (port, proc):
+    if site.args.skip_deliver:
+        out.rps["deliver"] = out.cpu_us["deliver"] = out.redis_us["deliver"] = 0.0
+        out.errors["deliver"] = 0
+        return out
+    with site.gateway(f"delivering-{run}-{src.name}", 64, src) as (port, proc):
         pids = h.group_pids(proc.pid)
         cpu = h.cpu_seconds(pids)
         deadline = time.monotonic() + 600
@@ -269,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commands-n", type=int, default=300)
     p.add_argument("--quick", action="store_true", help="1 run x 4 s, 100 requests for commands")
     p.add_argument("--json", default="")
+    p.add_argument("--baseline-src", default="", help="another checkout, measured alongside")
+    p.add_argument("--skip-deliver", action="store_true", help="no delivering phase")
     args = p.parse_args(argv)
     if args.quick:
         args.runs, args.duration, args.commands_n = 1, 4.0, 100
@@ -294,34 +304,61 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 up = procs.start("upstream", [*argv, "--lifespan", "off"])
             h.wait_ready(procs, up, site.upstream_port, SYNC_PATH, DEFAULT_BODY)
-            runs = []
+            trees = [REPO, *([Path(args.baseline_src).resolve()] if args.baseline_src else [])]
+            runs: dict[Path, list[Run]] = {tree: [] for tree in trees}
             for run in range(args.runs):
-                r = measure(site, run)
-                runs.append(r)
-                print(
-                    f"# run {run}: "
-                    + json.dumps(
-                        {
-                            "rps": r.rps,
-                            "cpu_us": r.cpu_us,
-                            "redis_us": r.redis_us,
-                            "errors": r.errors,
-                            "queued": r.queued,
-                        },
-                        default=round,
-                    ),
-                    file=sys.stderr,
-                    flush=True,
-                )
+                for tree in trees if run % 2 == 0 else trees[::-1]:
+                    r = measure(site, run, tree)
+                    runs[tree].append(r)
+                    print(
+                        f"# run {run} {tree}: "
+                        + json.dumps(
+                            {
+                                "rps": r.rps,
+                                "cpu_us": r.cpu_us,
+                                "redis_us": r.redis_us,
+                                "errors": r.errors,
+                                "queued": r.queued,
+                            },
+                            default=round,
+                        ),
+                        file=sys.stderr,
+                        flush=True,
+                    )
             extras = commands(site, args.commands_n) if args.extras == "commands" else {}
         finally:
             procs.stop_all()
-    report(runs, extras)
+    for tree, found in runs.items():
+        if len(runs) > 1:
+            print(f"\n## {tree}\n")
+        report(found, extras if tree == REPO else {})
+    if len(runs) > 1:
+        compare(runs[REPO], runs[trees[1]])
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"runs": [r.__dict__ for r in runs], "extras": extras}, indent=2)
-        )
+        data = {str(tree): [r.__dict__ for r in found] for tree, found in runs.items()}
+        Path(args.json).write_text(json.dumps({"runs": data, "extras": extras}, indent=2))
     return 0
+
+
+def compare(now: list[Run], base: list[Run]) -> None:
+    """This tree against the baseline, run by run (each pair measured back to back)."""
+    print("\n## this tree / baseline, per run (median; per run)\n")
+    print("| figure | ratio |")
+    print("|---|--:|")
+    for name in ("same", "replay", "accept"):
+
+        def cpu(r: Run, name: str = name) -> float:
+            return r.cpu_us[name]
+
+        values = [cpu(a) / cpu(b) for a, b in zip(now, base, strict=True)]
+        shown = ", ".join(f"{v:.2f}" for v in values)
+        print(f"| gateway CPU per request, {name} | {h.median(values):.2f} ({shown}) |")
+    values = [
+        (a.rps["accept"] / a.rps["same"]) / (b.rps["accept"] / b.rps["same"])
+        for a, b in zip(now, base, strict=True)
+    ]
+    shown = ", ".join(f"{v:.2f}" for v in values)
+    print(f"| accepted / replayed req/s | {h.median(values):.2f} ({shown}) |")
 
 
 def report(runs: list[Run], extras: dict[str, Any]) -> None:
