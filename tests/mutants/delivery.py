@@ -66,10 +66,19 @@ MUTANTS += [
     Mutant(
         name="redis-accept-not-queued",
         path="gateway/store/lua/accept.lua",
-        old="move(nil, 'queued', now, now)",
-        new="redis.call('HSET', R, 's', 'queued', 'u', now)",
+        old="  redis.call('ZADD', INDEX.queued, at, MEMBER)\n",
+        new="",
         tests=(C + "test_accepted_delivery_is_listed_counted_and_announced" + R,),
         breaks="an accepted delivery is in no queue index: only a full rescan could find it",
+    ),
+    Mutant(
+        name="redis-accept-uncounted",
+        path="gateway/store/lua/accept.lua",
+        old="  redis.call('HINCRBY', QR, ROUTE, 1)\n",
+        new="",
+        tests=(C + "test_accepted_delivery_is_listed_counted_and_announced" + R,),
+        breaks="an accepted delivery is not counted: admission (max_queued) and the queue "
+        "gauges miss it, and the queue watch never sees its route's work",
     ),
     Mutant(
         name="redis-complete-keeps-request",
