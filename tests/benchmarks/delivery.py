@@ -26,6 +26,10 @@ jobs / sync first requests per second (>= 0.8). They are not thresholds: nothing
 fails on a figure. CPU columns: the gateway process's and redis-server's CPU time per
 request (user + system, /proc) over the measured seconds.
 
+`--layout shared` (default: nothing pinned), `split` (the gateway alone on CPU 0; Redis,
+nginx and wrk on CPU 1: Redis's work per request no longer competes with the gateway's)
+or `together` (gateway, Redis and nginx on CPU 0, wrk on CPU 1: it competes in full).
+
 `--baseline-src DIR` measures another checkout's gateway in every run too (the order
 alternating), for its figures side by side; `--skip-deliver` leaves out the delivering
 phase (the accept ratios only, in half the time).
@@ -62,6 +66,12 @@ SYNC_PATH = "/v1/payments"
 ASYNC_PATH = "/v1/jobs"
 ROUTE = "jobs"
 PREFIX = "idem:"
+#: CPUs per part (None: not pinned); Redis's entry is also nginx's.
+LAYOUTS: dict[str, dict[str, int | None]] = {
+    "shared": {"gateway": None, "redis": None, "wrk": None},
+    "split": {"gateway": 0, "redis": 1, "wrk": 1},
+    "together": {"gateway": 0, "redis": 0, "wrk": 1},
+}
 #: What the queue watch reads each second (queue_stats) and the rescan
 #: (due_candidates), besides gateway.py's background commands: not per request.
 WATCH = frozenset({"HGETALL", "ZRANGE", "ZCARD", "TIME"})
@@ -136,6 +146,7 @@ routes:
         argv += ["--log-level", "WARNING"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         env.pop("PYTHONPATH", None)
+        argv = h.pinned(LAYOUTS[self.args.layout]["gateway"], argv)
         proc = self.procs.start(tag, argv, env=env, cwd=src)  # -m finds its gateway
         try:
             h.wait_ready(self.procs, proc, port, SYNC_PATH, DEFAULT_BODY)
@@ -153,7 +164,8 @@ routes:
                 bg.WRK_LUA.format(path=path, body=body, response=bg.WRK_COUNT_REPLAYS)
             )
         args = (tag, mode, "1", str(cycle))
-        return h.run_wrk(self.wrk, None, self.args.connections, duration, script, port, path, args)
+        cpu = LAYOUTS[self.args.layout]["wrk"]
+        return h.run_wrk(self.wrk, cpu, self.args.connections, duration, script, port, path, args)
 
     def depth(self) -> int:
         client = self.redis.clients[0]
@@ -279,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="")
     p.add_argument("--baseline-src", default="", help="another checkout, measured alongside")
     p.add_argument("--skip-deliver", action="store_true", help="no delivering phase")
+    p.add_argument("--layout", choices=sorted(LAYOUTS), default="shared")
     args = p.parse_args(argv)
     if args.quick:
         args.runs, args.duration, args.commands_n = 1, 4.0, 100
@@ -291,13 +304,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# logs in {work_dir}", file=sys.stderr, flush=True)
     with h.exit_on_signals():
         try:
-            site = Site(args, procs, bg.RedisServer(procs, None, work_dir), work_dir, wrk)
+            cpus = LAYOUTS[args.layout]
+            redis = bg.RedisServer(procs, cpus["redis"], work_dir)
+            site = Site(args, procs, redis, work_dir, wrk)
             site.scripts = bg.lua_script_names(REPO)
             nginx = h.nginx_binary()
             site.upstream_port = h.free_port()
             if nginx is not None:
                 body = h.nginx_upstream_body(site.upstream_port)
-                up = h.start_nginx(procs, nginx, "upstream", body, None)
+                up = h.start_nginx(procs, nginx, "upstream", body, cpus["redis"])
             else:
                 argv = h.uvicorn_argv(
                     sys.executable, "_harness:create_upstream_app", HERE, site.upstream_port
