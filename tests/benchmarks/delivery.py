@@ -30,6 +30,9 @@ request (user + system, /proc) over the measured seconds.
 nginx and wrk on CPU 1: Redis's work per request no longer competes with the gateway's)
 or `together` (gateway, Redis and nginx on CPU 0, wrk on CPU 1: it competes in full).
 
+`--slices K`: the replays of one key and the accepts take K turns of duration/K seconds
+each (after unique and replay), so a change in the machine's load weighs on both alike.
+
 `--baseline-src DIR` measures another checkout's gateway in every run too (the order
 alternating), for its figures side by side; `--skip-deliver` leaves out the delivering
 phase (the accept ratios only, in half the time).
@@ -66,6 +69,9 @@ SYNC_PATH = "/v1/payments"
 ASYNC_PATH = "/v1/jobs"
 ROUTE = "jobs"
 PREFIX = "idem:"
+#: With --slices: the workloads that take turns, so a change in the machine's load
+#: between them weighs on both alike.
+TURNS = ("same", "accept")
 #: CPUs per part (None: not pinned); Redis's entry is also nginx's.
 LAYOUTS: dict[str, dict[str, int | None]] = {
     "shared": {"gateway": None, "redis": None, "wrk": None},
@@ -183,32 +189,45 @@ def measure(site: Site, run: int, src: Path = REPO) -> Run:
     with site.gateway(f"accepting-{run}-{src.name}", 0, src) as (port, proc):
         pids = h.group_pids(proc.pid)
         stored, cycle = "", 1
-        for name, path, mode in (
-            ("same", SYNC_PATH, "same"),
-            ("unique", SYNC_PATH, "unique"),
-            ("replay", SYNC_PATH, "cycle"),
-            ("accept", ASYNC_PATH, "unique"),
-        ):
-            # replay: the keys unique stored (all but the last ones, maybe still in flight)
-            tag = stored if name == "replay" else f"r{run}{name}{os.urandom(2).hex()}"
-            if site.args.warmup > 0:  # replay's warm-up replays too
-                warm = tag if name == "replay" else tag + "w"
-                site.wrk_run(port, path, mode, site.args.warmup, warm, cycle)
-            if name == "accept":
-                site.redis.clients[0].flushdb()  # only this run's 202s are queued
+        paths = {"same": SYNC_PATH, "unique": SYNC_PATH, "replay": SYNC_PATH, "accept": ASYNC_PATH}
+        modes = {"same": "same", "unique": "unique", "replay": "cycle", "accept": "unique"}
+        k = site.args.slices
+        # The order of the measurements; with --slices, same and accept take turns.
+        plan = [(name, d) for name in ("same", "unique", "replay", "accept")]
+        if k > 1:
+            plan = [("unique", d), ("replay", d), *[(n, d / k) for _ in range(k) for n in TURNS]]
+        sums: dict[str, list[float]] = {}  # name -> requests, us, gateway s, redis s, errors
+        tags = {name: f"r{run}{name}{os.urandom(2).hex()}" for name in modes}
+        for name, seconds in plan:
+            path, mode = paths[name], modes[name]
+            # replay: the keys unique stored (all but the last ones, maybe still in flight);
+            # accept: new keys in every turn
+            tag = stored if name == "replay" else tags[name]
+            if name == "accept" and name in sums:
+                tag += f"t{int(sums[name][0])}"  # requests so far: a new prefix
+            if name not in sums:
+                if site.args.warmup > 0:  # replay's warm-up replays too
+                    warm = tag if name == "replay" else tag + "w"
+                    site.wrk_run(port, path, mode, site.args.warmup, warm, cycle)
+                if name == "accept" or (name == "same" and k > 1):
+                    site.redis.clients[0].flushdb()  # only this run's 202s are queued
+                sums[name] = [0.0] * 5
             cpu, redis_cpu = h.cpu_seconds(pids), h.cpu_seconds(redis)
-            data = site.wrk_run(port, path, mode, d, tag, cycle)
+            data = site.wrk_run(port, path, mode, seconds, tag, cycle)
             n = int(data["requests"])
-            out.rps[name] = n / (data["duration_us"] / 1e6)
-            out.cpu_us[name] = (h.cpu_seconds(pids) - cpu) * 1e6 / max(n, 1)
-            out.redis_us[name] = (h.cpu_seconds(redis) - redis_cpu) * 1e6 / max(n, 1)
-            out.errors[name] = sum(
-                int(data[k]) for k in ("connect", "read", "write", "status", "timeout")
-            )
+            errors = sum(int(data[k]) for k in ("connect", "read", "write", "status", "timeout"))
             if name == "replay":  # answers not replayed (wrk's last ones may go uncounted)
-                out.errors[name] += max(0, n - int(data["replayed"]) - site.args.connections)
+                errors += max(0, n - int(data["replayed"]) - site.args.connections)
+            got = (n, data["duration_us"], h.cpu_seconds(pids) - cpu)
+            got += (h.cpu_seconds(redis) - redis_cpu, errors)
+            sums[name] = [a + b for a, b in zip(sums[name], got, strict=True)]
             if name == "unique":
                 stored, cycle = tag, max(1, n - 4 * site.args.connections)
+        for name, (n, us, cpu, redis_cpu, errors) in sums.items():
+            out.rps[name] = n / (us / 1e6)
+            out.cpu_us[name] = cpu * 1e6 / max(n, 1)
+            out.redis_us[name] = redis_cpu * 1e6 / max(n, 1)
+            out.errors[name] = int(errors)
     out.queued = site.depth()
     if site.args.skip_deliver:
         out.rps["deliver"] = out.cpu_us["deliver"] = out.redis_us["deliver"] = 0.0
@@ -292,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-src", default="", help="another checkout, measured alongside")
     p.add_argument("--skip-deliver", action="store_true", help="no delivering phase")
     p.add_argument("--layout", choices=sorted(LAYOUTS), default="shared")
+    p.add_argument("--slices", type=int, default=1, help="same and accept take turns")
     args = p.parse_args(argv)
     if args.quick:
         args.runs, args.duration, args.commands_n = 1, 4.0, 100
