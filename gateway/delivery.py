@@ -152,6 +152,8 @@ class DeliveryWorker:
         self._rescan = asyncio.Event()
         self._pending: set[str] = set()  # routes with queued work, as of the last watch
         self._unlisten: Callable[[], None] | None = None
+        self._notices = False  # whether the registration wants due and taken
+        self._running = False
         self.configure(config)
 
     # -- configuration -----------------------------------------------------------
@@ -181,12 +183,30 @@ class DeliveryWorker:
             found = self.lanes.get(name)
             if found is None:
                 self.lanes[name] = found = Lane(route)
-                if self._unlisten is not None:
+                if self._running:
                     self._start_lane(found)
                     self._rescan.set()
             elif found.route.delivery.concurrency != route.delivery.concurrency:
                 found.slots = asyncio.Semaphore(route.delivery.concurrency)
             found.route = route
+        self._listen()
+
+    def _listen(self) -> None:
+        """Hear the store's due and taken notices only with a lane to give them to: a
+        process that delivers nothing (no async route, or max_deliveries 0) then never
+        reads one (the Redis store does not even subscribe), though it still rescans
+        on `lost` (removed routes' work). Registered from the constructor, before the
+        store starts, so its first subscription is already the right one; registered
+        again when lanes come or go (a reload, a sync route's leftovers)."""
+        notices = bool(self.lanes)
+        if self._unlisten is not None and self._notices == notices:
+            return
+        old, self._notices = self._unlisten, notices
+        self._unlisten = self.store.due.listen(
+            self._on_due, self._on_taken, self._rescan.set, notices=notices
+        )
+        if old is not None:
+            old()
 
     def depth(self, route: str) -> int:
         """Queued + retrying deliveries of `route`, as of at most QUEUE_WATCH ago."""
@@ -196,15 +216,18 @@ class DeliveryWorker:
 
     async def run(self) -> None:
         """The lanes and the queue watch, until cancelled (Gateway.close)."""
-        self._unlisten = self.store.due.listen(self._on_due, self._on_taken, self._rescan.set)
+        self._running = True
+        self._listen()
         try:
             for lane in self.lanes.values():
                 self._start_lane(lane)
             self._rescan.set()  # at start: what was queued before this process
             await asyncio.gather(self._watch(), self._rescans())
         finally:
-            self._unlisten()
-            self._unlisten = None
+            self._running = False
+            if self._unlisten is not None:
+                self._unlisten()
+                self._unlisten = None
             tasks = [lane.task for lane in self.lanes.values() if lane.task is not None]
             for task in [*tasks, *self._tasks]:  # attempts' forwards are drained already
                 task.cancel()

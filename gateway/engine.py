@@ -70,6 +70,7 @@ from gateway.settlement import (
     SyncSettlement,
     accepted_reply,
     attempt,
+    delivery_ids,
     settle_change,
     stored_request,
 )
@@ -239,7 +240,7 @@ class Engine:
     ) -> Reply:
         """An async route: queue the request (one store round trip) and answer 202 with
         its status URL; a repeat gets the same 202 with the current state."""
-        run_id, token = secrets.token_hex(8), secrets.token_urlsafe(16)
+        run_id, token = delivery_ids()
         accepted = await self.store.accept(
             ref,
             run_id,
@@ -317,10 +318,8 @@ class Engine:
             trace.run_id = run_id
         done: asyncio.Future[StoredResponse | None] = asyncio.get_running_loop().create_future()
         self._local[ref.digest] = _LocalRun(fp, done)
-        out, settle = (
-            outbound(route, parts, origin, ref.key),
-            SyncSettlement(self, route, ref, run_id),
-        )
+        out = outbound(route, parts, origin, ref.key)
+        settle = SyncSettlement(self, route, ref, run_id)
         task = asyncio.create_task(self._forward_and_settle(route, ref, out, done, settle))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)

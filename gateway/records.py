@@ -41,6 +41,7 @@ accept) carries it on.
 
 from __future__ import annotations
 
+import _json
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -93,9 +94,7 @@ class StoredResponse:
     origin: str = "upstream"
 
     def encode(self) -> bytes:
-        meta = _META_ENCODER.encode(
-            [self.status, self.headers, int(self.body_omitted), self.origin]
-        ).encode()
+        meta = _meta([self.status, self.headers, int(self.body_omitted), self.origin])
         return meta + b"\n" + self.body
 
     @classmethod
@@ -111,8 +110,22 @@ class StoredResponse:
         )
 
 
-#: json.dumps with separators builds an encoder per call; every completion encodes one.
-_META_ENCODER = json.JSONEncoder(separators=(",", ":"))
+def _unstorable(value: object) -> Any:
+    raise TypeError(f"{type(value).__name__} cannot be stored")
+
+
+#: What json.dumps(value, separators=(",", ":")) writes, from the C encoder built once:
+#: json's own encode() builds one on every call, with a dict of the containers seen
+#: (a guard against cycles, which tuples of strings and numbers cannot have). Every
+#: completion and every accepted request encodes one (tests/test_redis_record.py
+#: checks the two agree).
+_META_CHUNKS = _json.make_encoder(
+    None, _unstorable, _json.encode_basestring_ascii, None, ":", ",", False, False, True
+)
+
+
+def _meta(value: list[Any]) -> bytes:
+    return "".join(_META_CHUNKS(value, 0)).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +140,7 @@ class StoredRequest:
     body: bytes
 
     def encode(self) -> bytes:
-        meta = _META_ENCODER.encode([self.method, self.target, self.headers]).encode()
-        return meta + b"\n" + self.body
+        return _meta([self.method, self.target, self.headers]) + b"\n" + self.body
 
     @classmethod
     def decode(cls, data: bytes) -> StoredRequest:

@@ -437,3 +437,24 @@ async def test_work_accepted_before_a_reload_made_the_route_sync_is_delivered(
     assert again.status_code == 200
     assert again.headers["idempotent-replayed"] == "true"
     assert await upstream_count(upstream, key) == 1
+
+
+async def test_a_gateway_that_delivers_nothing_does_not_listen_for_delivery_notices(
+    gateway_for: Build, upstream: Process
+) -> None:
+    """max_deliveries 0, or no async route: the gateway's store does not hear due and
+    taken notices (on Redis it does not subscribe to them, so an accept costs it no
+    message). A reload that lets it deliver makes it listen, and what it accepted
+    before is delivered; one that stops it delivering stops it listening."""
+    sync = {k: v for k, v in async_route().items() if k not in ("delivery", "retry")}
+    assert not (await gateway_for([sync])).gateway.store.due.listening
+    gw = await gateway_for([async_route()], server={"max_deliveries": 0})
+    assert not gw.gateway.store.due.listening
+    key = unique("listen")
+    assert (await send(gw, key)).status_code == 202
+    gw.gateway.reload(config_for(upstream.url, [async_route()]))
+    assert gw.gateway.store.due.listening
+    record = await wait_for_state(gw, key, State.COMPLETED)
+    assert record.attempts == 1 and await upstream_count(upstream, key) == 1
+    gw.gateway.reload(config_for(upstream.url, [async_route()], server={"max_deliveries": 0}))
+    assert not gw.gateway.store.due.listening

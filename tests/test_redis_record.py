@@ -10,7 +10,7 @@ from importlib import resources
 
 import pytest
 
-from gateway.records import Record, State, StoredResponse
+from gateway.records import Record, State, StoredRequest, StoredResponse
 from gateway.store.memory import MemoryStore
 from gateway.store.redis_record import FIELDS, decode_record
 
@@ -166,3 +166,19 @@ def test_a_delivery_record_shows_its_attempts_never_its_token() -> None:
     }
     assert [e["event"] for e in doc["history"]] == ["accepted", "attempt"]
     assert "delivery" not in Record("d", "", "", State.IN_FLIGHT, "", "", 0, 99).to_json()
+
+
+@pytest.mark.parametrize(
+    "text", ["plain", 'quote " and \\ backslash', "\x00\x1f\x7f control", "é ü 中 \u2028 😀", ""]
+)
+def test_stored_encodings_are_compact_json_of_their_fields(text: str) -> None:
+    """records.py encodes with a C encoder built once instead of json.dumps: the bytes
+    stored must be exactly json.dumps' (older records and other readers parse them)."""
+    response = StoredResponse(203, (("x-" + text, text), ("b", "c")), b"\x00body", True, text)
+    meta = [203, [["x-" + text, text], ["b", "c"]], 1, text]
+    assert response.encode() == json.dumps(meta, separators=(",", ":")).encode() + b"\n\x00body"
+    assert StoredResponse.decode(response.encode()) == response
+    request = StoredRequest("POST", "/p?" + text, ((text or "n", text),), b"{}")
+    meta = ["POST", "/p?" + text, [[text or "n", text]]]
+    assert request.encode() == json.dumps(meta, separators=(",", ":")).encode() + b"\n{}"
+    assert StoredRequest.decode(request.encode()) == request

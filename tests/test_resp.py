@@ -9,6 +9,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -59,6 +60,40 @@ async def test_concurrent_calls_each_get_their_own_reply(conn: RespConnection) -
     values = [f"v{i}-{'x' * (i % 50)}" for i in range(500)]
     replies = await asyncio.gather(*(conn.call("ECHO", v) for v in values))
     assert replies == [v.encode() for v in values]
+
+
+class Recorder:
+    """A transport that notes what is written through it."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport, self.writes = transport, []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+        self.transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+async def test_a_call_to_an_idle_redis_leaves_at_once_the_rest_together(
+    conn: RespConnection,
+) -> None:
+    """Nothing outstanding: the command is written at once, so Redis works on it while
+    the gateway goes on. Sent while replies are outstanding: held to the end of the
+    loop iteration, then written together. Replies come back in order either way."""
+    await conn.call("PING")
+    protocol = conn._protocol
+    assert protocol is not None
+    recorder = Recorder(protocol.transport)
+    protocol.transport = recorder  # type: ignore[assignment]
+    first = protocol.send(("ECHO", "a"))  # no await between: one loop iteration
+    assert len(recorder.writes) == 1 and protocol.outgoing == []
+    later = [protocol.send(("ECHO", v)) for v in ("b", "c")]
+    assert len(recorder.writes) == 1 and len(protocol.outgoing) == 2
+    assert await asyncio.gather(first, *later) == [b"a", b"b", b"c"]
+    assert recorder.writes[1:] == [b"".join(recorder.writes[1:])]  # one write for both
+    assert len(recorder.writes) == 2
 
 
 async def test_a_cancelled_call_does_not_shift_the_replies(conn: RespConnection) -> None:

@@ -21,13 +21,14 @@ from typing import Any
 import pytest
 import redis
 
-from gateway import logs
+from gateway import logs, settlement
 from gateway.app import Gateway
 from gateway.config import Config, StoreConfig
 from gateway.encryption import new_key
 from gateway.errors import ConfigError
 from gateway.keys import RequestParts, record_digest, scope_value
 from gateway.records import KeyRef, State, StoredRequest, StoredResponse
+from gateway.settlement import accepted_reply, delivery_ids
 from gateway.status import status_url
 from gateway.store.base import Store, codec_for
 from gateway.store.memory import MemoryStore
@@ -516,3 +517,43 @@ def test_a_bad_prefix_says_what_to_write(prefix: str, message: str) -> None:
         config_for(UPSTREAM, [CATCH_ALL], server={"status_prefix": prefix})
     assert f"server.status_prefix: {message}" in str(caught.value)
     assert "write e.g. /_idempotency" in str(caught.value)
+
+
+@pytest.mark.parametrize("key", ["inv-2026-11", 'a "quoted" \\ key', "é 中 😀 \u2028", "\x01"])
+@pytest.mark.parametrize("replayed", [False, True])
+def test_the_202_body_is_json_of_its_four_fields(key: str, replayed: bool) -> None:
+    """The 202 is spelled out by hand (no dict, no encoder per request): it must be
+    what json.dumps writes, for any key a caller may send."""
+    route = config_for(UPSTREAM, [INVOICES]).routes[0]
+    ref = KeyRef(record_digest(route.name, "", key), route.name, key)
+    token = secrets.token_urlsafe(16)
+    reply = accepted_reply(PREFIX, route, ref, "queued", token, replayed=replayed)
+    url = status_url(PREFIX, route.name, ref.digest, token)
+    fields = {"route": route.name, "key": key, "state": "queued", "status_url": url}
+    assert reply.body == json.dumps(fields).encode()
+    assert json.loads(reply.body) == fields
+    assert reply.status == 202 and ("location", url) in reply.headers
+    assert (("idempotent-replayed", "true") in reply.headers) is replayed
+
+
+def test_run_ids_and_tokens_are_fresh_and_full_length() -> None:
+    """One read of the CSPRNG gives both: a 16-hex run id and a 22-character urlsafe
+    token of 128 bits, neither ever repeated, every bit of the token in use."""
+    drawn = [delivery_ids() for _ in range(2000)]
+    run_ids, tokens = {r for r, _ in drawn}, {t for _, t in drawn}
+    assert len(run_ids) == len(tokens) == len(drawn)
+    assert all(len(r) == 16 and int(r, 16) >= 0 for r in run_ids)
+    raw = [base64.urlsafe_b64decode(t + "==") for t in tokens]
+    assert all(len(t) == 22 and len(b) == 16 for t, b in zip(tokens, raw, strict=True))
+    ones = [sum(int.from_bytes(b, "big") >> bit & 1 for b in raw) for bit in range(128)]
+    assert all(700 < count < 1300 for count in ones)  # each bit random, none stuck
+
+
+def test_the_token_is_all_128_bits_of_its_own_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run id and token split one 24-byte draw: the token is its last 16 bytes, whole
+    (none shared with the run id, which the access log and admin API show)."""
+    drawn = bytes(range(100, 124))
+    monkeypatch.setattr(settlement.os, "urandom", lambda n: drawn[:n])
+    run_id, token = delivery_ids()
+    assert run_id == drawn[:8].hex()
+    assert base64.urlsafe_b64decode(token + "==") == drawn[8:]

@@ -8,10 +8,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from gateway.records import KeyRef, State, StoredRequest, StoredResponse
 from gateway.store.base import ExpiredPolicy, PickResult, Store
 from gateway.store.notices import Due
+from gateway.store.redis import RedisStore
 from tests.conftest import ALL_STORES, unique
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("store_kind", ALL_STORES)]
@@ -393,13 +395,16 @@ ATTEMPT = {"result": "status", "status": 503}
 
 
 class Heard:
-    """The store's delivery notices, as a worker would hear them."""
+    """The store's delivery notices, as a worker would hear them (with `notices=False`,
+    as a worker without lanes does: `lost` only)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, notices: bool = True) -> None:
         self.due: list[Due] = []
         self.taken: list[str] = []
         self.lost = 0
-        store.due.listen(self.due.append, self.taken.append, self.on_lost)
+        self.stop = store.due.listen(
+            self.due.append, self.taken.append, self.on_lost, notices=notices
+        )
 
     def on_lost(self) -> None:
         self.lost += 1
@@ -734,5 +739,59 @@ async def test_a_store_says_when_delivery_notices_may_have_been_missed(
             assert heard.lost == 0
         else:
             await heard.until(lambda: heard.lost >= 1)
+    finally:
+        await fresh.close()
+
+
+async def due_subscribers(store: Store) -> int:
+    """Connections Redis has subscribed to the first bucket's delivery channel."""
+    assert isinstance(store, RedisStore)
+    channel = store._due_channels[0]
+    if not store.cluster:
+        return int((await store.client.execute_command("PUBSUB", "SHARDNUMSUB", channel))[1])
+    node = store.client.get_node_from_key(channel)
+    shard = aioredis.Redis(host=node.host, port=node.port)
+    try:
+        return int((await shard.execute_command("PUBSUB", "SHARDNUMSUB", channel))[1])
+    finally:
+        await shard.aclose()
+
+
+async def test_delivery_notices_are_heard_only_while_a_worker_listens(
+    make_store: Callable[[], Store], store_kind: str
+) -> None:
+    """A process that delivers nothing hears no due or taken notice: on Redis it is not
+    even subscribed to the buckets' `d` channels, so an accept costs it (and Redis) no
+    message. A worker that starts listening is subscribed, told `lost` (it rescans what
+    was said before), and hears the next; one that stops is unsubscribed again."""
+    fresh = make_store()
+    rescans = Heard(fresh, notices=False)
+    await fresh.start()
+    try:
+        await rescans.subscribed(fresh)
+        assert not fresh.due.listening
+        missed = await accepted(fresh)
+        if store_kind != "memory":
+            await rescans.until(lambda: rescans.lost >= 1)
+            assert await due_subscribers(fresh) == 0
+        heard = await Heard(fresh).subscribed(fresh)
+        assert fresh.due.listening
+        if store_kind != "memory":
+            await heard.until(lambda: heard.lost >= 1)
+            assert await due_subscribers(fresh) == 1
+        r = await accepted(fresh)
+        await heard.until(lambda: any(d.ref.digest == r.digest for d in heard.due))
+        assert missed.digest not in {d.ref.digest for d in heard.due}
+        assert (await picked(fresh, r)).why == ""
+        await heard.until(lambda: r.digest in heard.taken)
+        assert rescans.due == [] and rescans.taken == []
+        heard.stop()
+        assert not fresh.due.listening
+        if store_kind != "memory":
+            for _ in range(100):
+                if await due_subscribers(fresh) == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert await due_subscribers(fresh) == 0
     finally:
         await fresh.close()

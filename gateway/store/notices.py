@@ -81,25 +81,58 @@ class Due:
 _Listener = tuple[Callable[[Due], None], Callable[[str], None], Callable[[], None]]
 
 
+def _ignore(_: object) -> None:
+    return None
+
+
 class DueFeed:
     """Per-process fan-out of delivery notices to the workers that listen: "due"
     (queued or scheduled), "taken" (picked by someone) and "lost" (notices may have
     been missed: rescan). At-most-once, like `Notifier`; callbacks run at once, never
-    awaited, so they must only record the hint and wake someone."""
+    awaited, so they must only record the hint and wake someone.
+
+    A store may hear "due" and "taken" only while a listener wants them (`listening`;
+    it is told of a change through `changed`): a process that delivers nothing (no
+    async route, or `server.max_deliveries: 0`) then never reads one. Listeners with
+    `notices=False` get `lost` only. A store reports `lost` whenever it (re)subscribes,
+    so listeners rescan what was said while it was not hearing."""
 
     def __init__(self) -> None:
         self._listeners: list[_Listener] = []
+        self._notices = 0  # listeners that want due and taken
+        #: Called when `listening` turns true or false (set by the store).
+        self.changed: Callable[[], None] = lambda: None
+
+    @property
+    def listening(self) -> bool:
+        return self._notices > 0
 
     def listen(
         self,
         on_due: Callable[[Due], None],
         on_taken: Callable[[str], None],
         on_lost: Callable[[], None],
+        *,
+        notices: bool = True,
     ) -> Callable[[], None]:
         """Register callbacks; returns the call that removes them."""
-        entry = (on_due, on_taken, on_lost)
+        entry = (on_due, on_taken, on_lost) if notices else (_ignore, _ignore, on_lost)
         self._listeners.append(entry)
-        return lambda: self._listeners.remove(entry) if entry in self._listeners else None
+        self._count(notices, 1)
+
+        def unlisten() -> None:
+            if entry in self._listeners:
+                self._listeners.remove(entry)
+                self._count(notices, -1)
+
+        return unlisten
+
+    def _count(self, notices: bool, step: int) -> None:
+        if notices:
+            before = self.listening
+            self._notices += step
+            if self.listening != before:
+                self.changed()
 
     def announce(self, due: Due) -> None:
         for on_due, _, _ in list(self._listeners):

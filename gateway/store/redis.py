@@ -8,6 +8,8 @@ Layout, for a prefix `idem:` and a record digest `d` in bucket `b` (0..BUCKETS-1
     idem:{b}:i:parked              for parked and claimed: listings and age metrics read
     idem:{b}:i:claimed             these, never the keyspace
     idem:{b}:c               sharded pub/sub channel: a member changed
+    idem:{b}:d               sharded pub/sub channel: a delivery is due or taken (heard
+                             only by processes that deliver: redis_notices.py)
     idem:{b}:m               a marker that never expires: if it vanishes, the bucket
                              lost its records (see check_reset)
     idem:{b}:rq:..., i:queued:..., i:retrying:..., qr    deliveries: see redis_delivery.py
@@ -98,10 +100,15 @@ class RedisStore(RedisDeliveries, RedisNotices):
         # state indexes under it (the same for every record in the bucket).
         self._tags = [f"{self.prefix}{{{b:02x}}}:" for b in range(BUCKETS)]
         self._channels = [tag + "c" for tag in self._tags]
+        self._due_channels = [tag + "d" for tag in self._tags]  # _lib.lua's due_notice
         self._markers = [tag + "m" for tag in self._tags]
         self._indexes = [[tag + "i:" + state for state in _INDEXED] for tag in self._tags]
         self._listener: asyncio.Task[None] | None = None
         self._closing = False
+        self._hearing_due: bool | None = None
+        self._subscribers: list[Any] = []
+        self._pokes: set[asyncio.Task[Any]] = set()
+        self.due.changed = self._due_changed
         #: Set while the notification subscribers are up (tests wait on it).
         self.subscribed = asyncio.Event()
         # Scripts go over one pipelined connection of our own (see resp.py), except on
@@ -192,6 +199,8 @@ class RedisStore(RedisDeliveries, RedisNotices):
     async def close(self) -> None:
         # Bounded: a shutdown must not hang on a client that cannot say goodbye.
         self._closing = True
+        for poke in list(self._pokes):
+            poke.cancel()
         listener = self._listener
         if listener is not None:
             # redis-py 8.1's get_message can swallow a cancel that lands beside its own

@@ -7,12 +7,15 @@ it adds, under each bucket's hash tag `{b}` (so every script touches one slot):
     idem:{b}:i:queued:<route>     zset: queued members by due time (= acceptance: FIFO)
     idem:{b}:i:retrying:<route>   zset: retrying members by due time
     idem:{b}:qr                   hash: route -> its pending (queued + retrying) members here
+    idem:{b}:d                    sharded channel: the delivery notices below
 
 The queue indexes are per route, so a route with a backlog never hides another's work
-at a bucket's head. Workers are woken by notices on the bucket's existing channel,
+at a bucket's head. Workers are woken by notices on the bucket's `d` channel,
 published by the scripts: `!d <member> <due_ms> <now_ms> <origin>` (due) and
-`!t <member>` (taken); a resubscribe reports `due.lost()`, and `due_candidates` is
-the rescan, reading the queue indexes only.
+`!t <member>` (taken). Only a process whose worker listens subscribes to it (an
+accept-only one would otherwise read a notice per accepted request, its own
+included); a (re)subscribe reports `due.lost()`, and `due_candidates` is the rescan,
+reading the queue indexes only.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
-"""The Redis store's subscriber: one per process, for every bucket's sharded channel
+"""The Redis store's subscriber: one per process, for every bucket's sharded channels
 (on a cluster, one connection per shard, for the channels it owns). What the scripts
-publish there: a changed record's member (with a completion's response riding along,
-see _lib.lua's notify), or a delivery notice starting with `!` (redis_delivery.py).
+publish: on a bucket's `c`, a changed record's member (with a completion's response
+riding along, see _lib.lua's notify); on its `d`, delivery notices starting with `!`
+(redis_delivery.py). The `d` channels are heard only while a worker listens
+(`due.listening`): a process that delivers nothing would read, and Redis write to it,
+a notice per accepted request that nobody in it wants.
 Half of RedisStore (redis.py), which sets the attributes declared here.
 """
 
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable
 from typing import Any
@@ -27,8 +31,13 @@ class RedisNotices(Store):
     cluster: bool
     subscribed: asyncio.Event
     _channels: list[str]
+    _due_channels: list[str]
     _connection_kwargs: dict[str, Any]
     _closing: bool
+    #: whether the subscription up now has the `d` channels (None: none is up)
+    _hearing_due: bool | None
+    _subscribers: list[Any]
+    _pokes: set[asyncio.Task[Any]]
 
     @abc.abstractmethod
     def _delivery_notice(self, data: bytes) -> None: ...
@@ -36,15 +45,18 @@ class RedisNotices(Store):
     async def _listen(self) -> None:
         """One subscriber per process for every bucket's channel (on a cluster, one
         per shard, for the channels it owns); waiters are woken locally. After a
-        reconnect, all waiters are woken: they re-read."""
+        reconnect, all waiters are woken: they re-read. When a worker starts or stops
+        listening for delivery notices, it subscribes again with or without them."""
         delay = 0.1
         while not self._closing:
             subscribers: list[tuple[Any, Any]] = []  # (pub/sub, its own client or None)
+            due = self.due.listening
+            channels = [*self._channels, *self._due_channels] if due else self._channels
             try:
                 if self.cluster:
                     await self.client.initialize()
                     owners: dict[str, tuple[str, int, list[str]]] = {}
-                    for channel in self._channels:
+                    for channel in channels:
                         node = self.client.get_node_from_key(channel)
                         owners.setdefault(node.name, (node.host, node.port, []))[2].append(channel)
                     for host, port, channels in owners.values():
@@ -56,28 +68,49 @@ class RedisNotices(Store):
                 else:
                     pubsub = self.client.pubsub()
                     subscribers.append((pubsub, None))
-                    await pubsub.ssubscribe(*self._channels)
-                self.subscribed.set()
+                    await pubsub.ssubscribe(*channels)
+                self._hearing_due = due
+                self._subscribers = [pubsub for pubsub, _ in subscribers]
+                if due == self.due.listening:  # else a subscription of the right kind follows
+                    self.subscribed.set()
                 self.notifier.notify_all()
                 self.due.lost()  # deliveries announced while unsubscribed: rescan
                 delay = 0.1
-                await asyncio.gather(*(self._read(pubsub) for pubsub, _ in subscribers))
+                await asyncio.gather(*(self._read(pubsub, due) for pubsub, _ in subscribers))
             except (RedisError, OSError) as exc:
                 log.warning("store notifications lost (%s); reconnecting", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
             finally:
                 self.subscribed.clear()
+                self._hearing_due, self._subscribers = None, []
                 for pubsub, shard in subscribers:
                     await bounded(pubsub.aclose(), "pub/sub")
                     if shard is not None:
                         await bounded(shard.aclose(), "shard")
 
-    async def _read(self, pubsub: Any) -> None:
-        while not self._closing:
+    async def _read(self, pubsub: Any, due: bool) -> None:
+        while not self._closing and due == self.due.listening:
             message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             if message is not None and message["type"] == "smessage":
                 self._notice(message["data"])
+
+    def _due_changed(self) -> None:
+        """`due.listening` changed: subscribe again, with or without the `d` channels.
+        A PING wakes each reader now instead of at its next 1 s timeout."""
+        if self._hearing_due is None or self._hearing_due == self.due.listening:
+            return  # nothing up yet (it will subscribe as wanted), or already as wanted
+        self.subscribed.clear()  # until the new subscription is up
+        for pubsub in self._subscribers:
+            poke = asyncio.create_task(self._poke(pubsub))
+            self._pokes.add(poke)
+            poke.add_done_callback(self._pokes.discard)
+
+    async def _poke(self, pubsub: Any) -> None:
+        # Only one still up: a PING on a closed pub/sub would open a new connection.
+        if pubsub in self._subscribers and pubsub.connection is not None:
+            with contextlib.suppress(RedisError, OSError):  # a broken one reconnects anyway
+                await pubsub.ping()
 
     def _notice(self, data: bytes) -> None:
         """`digest/route`, then for a completion `\\n fingerprint \\n response`; or a

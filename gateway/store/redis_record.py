@@ -39,11 +39,14 @@ FIELDS: dict[str, Field] = {
         "state: in_flight, completed, released, unresolved, parked, claimed, queued or "
         "retrying; moved by _lib's move()",
         "state",
-        ("_lib", "claim", "complete"),
+        ("_lib", "accept", "claim", "complete"),
         "state",
     ),
     "u": Field(
-        "when it entered its current state", "ms", ("_lib", "claim", "complete"), "since_ms"
+        "when it entered its current state",
+        "ms",
+        ("_lib", "accept", "claim", "complete"),
+        "since_ms",
     ),
     "r": Field(
         "run_id of the claim that owns the key (a delivery's: its latest attempt's)",

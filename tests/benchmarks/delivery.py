@@ -9,16 +9,33 @@ config has a sync route (`/v1/payments`) and an async one (`/v1/jobs`, `delivery
 {mode: async, concurrency: 32}`), both `key: {header: Idempotency-Key}`, `fingerprint:
 none`. Each run, in this order:
 
-  same     replays on the sync route (one key), the accept-only gateway
+  same     replays on the sync route (one key), the accept-only gateway; 32 callers of
+           one key share the store's answer in-process, so few of them reach Redis
   unique   sync first requests (a new key per request), the same gateway
+  replay   replays of the keys `unique` just stored, each a different key, over and
+           over: one Redis round trip per replay, as for an accept
   accept   new keys on the async route, the same gateway (`server.max_deliveries: 0`,
            so nothing is delivered while it accepts): 202s per second
   deliver  then a delivering gateway (`max_deliveries: 64`) is started on what
            `accept` left queued: jobs per second from the first pick to depth 0
 
 The ratios are taken per run and the table shows their medians: accepted / replayed
-requests per second (issue 14's target >= 0.8) and delivered jobs / sync first requests
-per second (>= 0.8). They are not thresholds: nothing here fails on a figure.
+requests per second (issue 14's target >= 0.8; the replays of `same`), accepted /
+replays of distinct keys (`replay`: the same one round trip per request), and delivered
+jobs / sync first requests per second (>= 0.8). They are not thresholds: nothing here
+fails on a figure. CPU columns: the gateway process's and redis-server's CPU time per
+request (user + system, /proc) over the measured seconds.
+
+`--layout shared` (default: nothing pinned), `split` (the gateway alone on CPU 0; Redis,
+nginx and wrk on CPU 1: Redis's work per request no longer competes with the gateway's)
+or `together` (gateway, Redis and nginx on CPU 0, wrk on CPU 1: it competes in full).
+
+`--slices K`: the replays of one key and the accepts take K turns of duration/K seconds
+each (after unique and replay), so a change in the machine's load weighs on both alike.
+
+`--baseline-src DIR` measures another checkout's gateway in every run too (the order
+alternating), for its figures side by side; `--skip-deliver` leaves out the delivering
+phase (the accept ratios only, in half the time).
 
 `--extras commands` (default): Redis round trips per accepted request, per delivery and
 per sync first request (MONITOR, EVALSHA by script name; the queue watch's reads and
@@ -52,6 +69,15 @@ SYNC_PATH = "/v1/payments"
 ASYNC_PATH = "/v1/jobs"
 ROUTE = "jobs"
 PREFIX = "idem:"
+#: With --slices: the workloads that take turns, so a change in the machine's load
+#: between them weighs on both alike.
+TURNS = ("same", "accept")
+#: CPUs per part (None: not pinned); Redis's entry is also nginx's.
+LAYOUTS: dict[str, dict[str, int | None]] = {
+    "shared": {"gateway": None, "redis": None, "wrk": None},
+    "split": {"gateway": 0, "redis": 1, "wrk": 1},
+    "together": {"gateway": 0, "redis": 0, "wrk": 1},
+}
 #: What the queue watch reads each second (queue_stats) and the rescan
 #: (due_candidates), besides gateway.py's background commands: not per request.
 WATCH = frozenset({"HGETALL", "ZRANGE", "ZCARD", "TIME"})
@@ -74,6 +100,7 @@ bg = _bench_gateway()
 class Run:
     rps: dict[str, float] = field(default_factory=dict)
     cpu_us: dict[str, float] = field(default_factory=dict)
+    redis_us: dict[str, float] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     queued: int = 0
 
@@ -112,7 +139,7 @@ routes:
         return path
 
     @contextlib.contextmanager
-    def gateway(self, tag: str, max_deliveries: int) -> Iterator[tuple[int, Any]]:
+    def gateway(self, tag: str, max_deliveries: int, src: Path = REPO) -> Iterator[tuple[int, Any]]:
         port = h.free_port()
         argv = [
             sys.executable,
@@ -125,22 +152,26 @@ routes:
         argv += ["--log-level", "WARNING"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         env.pop("PYTHONPATH", None)
-        proc = self.procs.start(tag, argv, env=env, cwd=REPO)
+        argv = h.pinned(LAYOUTS[self.args.layout]["gateway"], argv)
+        proc = self.procs.start(tag, argv, env=env, cwd=src)  # -m finds its gateway
         try:
             h.wait_ready(self.procs, proc, port, SYNC_PATH, DEFAULT_BODY)
             yield port, proc
         finally:
             self.procs.stop(proc)
 
-    def wrk_run(self, port: int, path: str, mode: str, duration: float, tag: str) -> dict[str, Any]:
+    def wrk_run(
+        self, port: int, path: str, mode: str, duration: float, tag: str, cycle: int = 1
+    ) -> dict[str, Any]:
         script = self.work_dir / f"{path.strip('/').replace('/', '-')}.lua"
         if not script.exists():
             body = DEFAULT_BODY.decode()
             script.write_text(
                 bg.WRK_LUA.format(path=path, body=body, response=bg.WRK_COUNT_REPLAYS)
             )
-        args = (tag, mode, "1")
-        return h.run_wrk(self.wrk, None, self.args.connections, duration, script, port, path, args)
+        args = (tag, mode, "1", str(cycle))
+        cpu = LAYOUTS[self.args.layout]["wrk"]
+        return h.run_wrk(self.wrk, cpu, self.args.connections, duration, script, port, path, args)
 
     def depth(self) -> int:
         client = self.redis.clients[0]
@@ -150,44 +181,73 @@ routes:
         return sum(int(v or 0) for v in pipe.execute())
 
 
-def measure(site: Site, run: int) -> Run:
+def measure(site: Site, run: int, src: Path = REPO) -> Run:
     out = Run()
     d = site.args.duration
     site.redis.clients[0].flushdb()
-    with site.gateway(f"accepting-{run}", 0) as (port, proc):
+    redis = [site.redis.proc.pid]
+    with site.gateway(f"accepting-{run}-{src.name}", 0, src) as (port, proc):
         pids = h.group_pids(proc.pid)
-        for name, path, mode in (
-            ("same", SYNC_PATH, "same"),
-            ("unique", SYNC_PATH, "unique"),
-            ("accept", ASYNC_PATH, "unique"),
-        ):
-            tag = f"r{run}{name}{os.urandom(2).hex()}"
-            if site.args.warmup > 0:
-                site.wrk_run(port, path, mode, site.args.warmup, tag + "w")
-            if name == "accept":
-                site.redis.clients[0].flushdb()  # only this run's 202s are queued
-            cpu = h.cpu_seconds(pids)
-            data = site.wrk_run(port, path, mode, d, tag)
+        stored, cycle = "", 1
+        paths = {"same": SYNC_PATH, "unique": SYNC_PATH, "replay": SYNC_PATH, "accept": ASYNC_PATH}
+        modes = {"same": "same", "unique": "unique", "replay": "cycle", "accept": "unique"}
+        k = site.args.slices
+        # The order of the measurements; with --slices, same and accept take turns.
+        plan = [(name, d) for name in ("same", "unique", "replay", "accept")]
+        if k > 1:
+            plan = [("unique", d), ("replay", d), *[(n, d / k) for _ in range(k) for n in TURNS]]
+        sums: dict[str, list[float]] = {}  # name -> requests, us, gateway s, redis s, errors
+        tags = {name: f"r{run}{name}{os.urandom(2).hex()}" for name in modes}
+        for name, seconds in plan:
+            path, mode = paths[name], modes[name]
+            # replay: the keys unique stored (all but the last ones, maybe still in flight);
+            # accept: new keys in every turn
+            tag = stored if name == "replay" else tags[name]
+            if name == "accept" and name in sums:
+                tag += f"t{int(sums[name][0])}"  # requests so far: a new prefix
+            if name not in sums:
+                if site.args.warmup > 0:  # replay's warm-up replays too
+                    warm = tag if name == "replay" else tag + "w"
+                    site.wrk_run(port, path, mode, site.args.warmup, warm, cycle)
+                if name == "accept" or (name == "same" and k > 1):
+                    site.redis.clients[0].flushdb()  # only this run's 202s are queued
+                sums[name] = [0.0] * 5
+            cpu, redis_cpu = h.cpu_seconds(pids), h.cpu_seconds(redis)
+            data = site.wrk_run(port, path, mode, seconds, tag, cycle)
             n = int(data["requests"])
-            out.rps[name] = n / (data["duration_us"] / 1e6)
-            out.cpu_us[name] = (h.cpu_seconds(pids) - cpu) * 1e6 / max(n, 1)
-            out.errors[name] = sum(
-                int(data[k]) for k in ("connect", "read", "write", "status", "timeout")
-            )
+            errors = sum(int(data[k]) for k in ("connect", "read", "write", "status", "timeout"))
+            if name == "replay":  # answers not replayed (wrk's last ones may go uncounted)
+                errors += max(0, n - int(data["replayed"]) - site.args.connections)
+            got = (n, data["duration_us"], h.cpu_seconds(pids) - cpu)
+            got += (h.cpu_seconds(redis) - redis_cpu, errors)
+            sums[name] = [a + b for a, b in zip(sums[name], got, strict=True)]
+            if name == "unique":
+                stored, cycle = tag, max(1, n - 4 * site.args.connections)
+        for name, (n, us, cpu, redis_cpu, errors) in sums.items():
+            out.rps[name] = n / (us / 1e6)
+            out.cpu_us[name] = cpu * 1e6 / max(n, 1)
+            out.redis_us[name] = redis_cpu * 1e6 / max(n, 1)
+            out.errors[name] = int(errors)
     out.queued = site.depth()
-    with site.gateway(f"delivering-{run}", 64) as (port, proc):
+    if site.args.skip_deliver:
+        out.rps["deliver"] = out.cpu_us["deliver"] = out.redis_us["deliver"] = 0.0
+        out.errors["deliver"] = 0
+        return out
+    with site.gateway(f"delivering-{run}-{src.name}", 64, src) as (port, proc):
         pids = h.group_pids(proc.pid)
         cpu = h.cpu_seconds(pids)
         deadline = time.monotonic() + 600
         while (depth := site.depth()) >= out.queued and time.monotonic() < deadline:
             time.sleep(0.005)
-        first, first_depth, cpu = time.monotonic(), depth, h.cpu_seconds(pids)
+        first, first_depth = time.monotonic(), depth
+        cpu, redis_cpu = h.cpu_seconds(pids), h.cpu_seconds(redis)
         while depth > 0 and time.monotonic() < deadline:
             time.sleep(0.02)
             depth = site.depth()
         elapsed = time.monotonic() - first
         out.rps["deliver"] = first_depth / elapsed if elapsed > 0 else 0.0
         out.cpu_us["deliver"] = (h.cpu_seconds(pids) - cpu) * 1e6 / max(first_depth, 1)
+        out.redis_us["deliver"] = (h.cpu_seconds(redis) - redis_cpu) * 1e6 / max(first_depth, 1)
         out.errors["deliver"] = depth
     return out
 
@@ -248,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commands-n", type=int, default=300)
     p.add_argument("--quick", action="store_true", help="1 run x 4 s, 100 requests for commands")
     p.add_argument("--json", default="")
+    p.add_argument("--baseline-src", default="", help="another checkout, measured alongside")
+    p.add_argument("--skip-deliver", action="store_true", help="no delivering phase")
+    p.add_argument("--layout", choices=sorted(LAYOUTS), default="shared")
+    p.add_argument("--slices", type=int, default=1, help="same and accept take turns")
     args = p.parse_args(argv)
     if args.quick:
         args.runs, args.duration, args.commands_n = 1, 4.0, 100
@@ -260,65 +324,107 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# logs in {work_dir}", file=sys.stderr, flush=True)
     with h.exit_on_signals():
         try:
-            site = Site(args, procs, bg.RedisServer(procs, None, work_dir), work_dir, wrk)
+            cpus = LAYOUTS[args.layout]
+            redis = bg.RedisServer(procs, cpus["redis"], work_dir)
+            site = Site(args, procs, redis, work_dir, wrk)
             site.scripts = bg.lua_script_names(REPO)
             nginx = h.nginx_binary()
             site.upstream_port = h.free_port()
             if nginx is not None:
                 body = h.nginx_upstream_body(site.upstream_port)
-                up = h.start_nginx(procs, nginx, "upstream", body, None)
+                up = h.start_nginx(procs, nginx, "upstream", body, cpus["redis"])
             else:
                 argv = h.uvicorn_argv(
                     sys.executable, "_harness:create_upstream_app", HERE, site.upstream_port
                 )
                 up = procs.start("upstream", [*argv, "--lifespan", "off"])
             h.wait_ready(procs, up, site.upstream_port, SYNC_PATH, DEFAULT_BODY)
-            runs = []
+            trees = [REPO, *([Path(args.baseline_src).resolve()] if args.baseline_src else [])]
+            runs: dict[Path, list[Run]] = {tree: [] for tree in trees}
             for run in range(args.runs):
-                r = measure(site, run)
-                runs.append(r)
-                print(
-                    f"# run {run}: "
-                    + json.dumps(
-                        {"rps": r.rps, "cpu_us": r.cpu_us, "errors": r.errors, "queued": r.queued},
-                        default=round,
-                    ),
-                    file=sys.stderr,
-                    flush=True,
-                )
+                for tree in trees if run % 2 == 0 else trees[::-1]:
+                    r = measure(site, run, tree)
+                    runs[tree].append(r)
+                    print(
+                        f"# run {run} {tree}: "
+                        + json.dumps(
+                            {
+                                "rps": r.rps,
+                                "cpu_us": r.cpu_us,
+                                "redis_us": r.redis_us,
+                                "errors": r.errors,
+                                "queued": r.queued,
+                            },
+                            default=round,
+                        ),
+                        file=sys.stderr,
+                        flush=True,
+                    )
             extras = commands(site, args.commands_n) if args.extras == "commands" else {}
         finally:
             procs.stop_all()
-    report(runs, extras)
+    for tree, found in runs.items():
+        if len(runs) > 1:
+            print(f"\n## {tree}\n")
+        report(found, extras if tree == REPO else {})
+    if len(runs) > 1:
+        compare(runs[REPO], runs[trees[1]])
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"runs": [r.__dict__ for r in runs], "extras": extras}, indent=2)
-        )
+        data = {str(tree): [r.__dict__ for r in found] for tree, found in runs.items()}
+        Path(args.json).write_text(json.dumps({"runs": data, "extras": extras}, indent=2))
     return 0
+
+
+def compare(now: list[Run], base: list[Run]) -> None:
+    """This tree against the baseline, run by run (each pair measured back to back)."""
+    print("\n## this tree / baseline, per run (median; per run)\n")
+    print("| figure | ratio |")
+    print("|---|--:|")
+    for name in ("same", "replay", "accept"):
+
+        def cpu(r: Run, name: str = name) -> float:
+            return r.cpu_us[name]
+
+        values = [cpu(a) / cpu(b) for a, b in zip(now, base, strict=True)]
+        shown = ", ".join(f"{v:.2f}" for v in values)
+        print(f"| gateway CPU per request, {name} | {h.median(values):.2f} ({shown}) |")
+    values = [
+        (a.rps["accept"] / a.rps["same"]) / (b.rps["accept"] / b.rps["same"])
+        for a, b in zip(now, base, strict=True)
+    ]
+    shown = ", ".join(f"{v:.2f}" for v in values)
+    print(f"| accepted / replayed req/s | {h.median(values):.2f} ({shown}) |")
 
 
 def report(runs: list[Run], extras: dict[str, Any]) -> None:
     def med(name: str, what: str = "rps") -> float:
         return h.median([getattr(r, what)[name] for r in runs])
 
-    print("| workload | req/s (jobs/s) | CPU us/req | errors |")
-    print("|---|--:|--:|--:|")
+    print("| workload | req/s (jobs/s) | gateway CPU us/req | Redis CPU us/req | errors |")
+    print("|---|--:|--:|--:|--:|")
     labels = {
         "same": "sync replays (one key)",
         "unique": "sync first requests",
+        "replay": "sync replays of distinct keys",
         "accept": "async: accepted (202), nothing delivered",
         "deliver": f"async: delivered, {h.median([r.queued for r in runs]):,.0f} queued",
     }
     for name, label in labels.items():
         errors = sum(r.errors[name] for r in runs)
-        print(f"| {label} | {h.fmt_int(med(name))} | {med(name, 'cpu_us'):.0f} | {errors} |")
-    accept = h.median([r.rps["accept"] / r.rps["same"] for r in runs])
-    deliver = h.median([r.rps["deliver"] / r.rps["unique"] for r in runs])
+        cpu, redis_cpu = med(name, "cpu_us"), med(name, "redis_us")
+        print(f"| {label} | {h.fmt_int(med(name))} | {cpu:.0f} | {redis_cpu:.0f} | {errors} |")
+
+    def ratio(top: str, bottom: str, what: str = "rps") -> str:
+        values = [getattr(r, what)[top] / getattr(r, what)[bottom] for r in runs]
+        return f"{h.median(values):.2f} ({', '.join(f'{v:.2f}' for v in values)})"
+
     print()
-    print("| ratio (median of per-run ratios) | value | issue 14's target |")
+    print("| ratio (median of per-run ratios; per run) | value | issue 14's target |")
     print("|---|--:|--:|")
-    print(f"| accepted / replayed req/s | {accept:.2f} | >= 0.8 |")
-    print(f"| delivered jobs/s / sync first requests/s | {deliver:.2f} | >= 0.8 |")
+    print(f"| accepted / replayed req/s | {ratio('accept', 'same')} | >= 0.8 |")
+    print(f"| accepted / replays of distinct keys req/s | {ratio('accept', 'replay')} | |")
+    print(f"| delivered jobs/s / sync first requests/s | {ratio('deliver', 'unique')} | >= 0.8 |")
+    print(f"| gateway CPU per replay / per accept | {ratio('same', 'accept', 'cpu_us')} | |")
     if extras:
         print()
         print("| Redis round trips | per request | by command |")

@@ -143,14 +143,16 @@ class Result(LoadResult):
 
 WRK_LUA = """\
 -- POST a small JSON body with an Idempotency-Key chosen by the workload (args: prefix, mode,
--- seed). unique: a new key per request; same: one key; storm: a new key every 50 requests;
--- mix: 80% new keys, 20% repeats of the 256 most recent new keys.
+-- seed, cycle). unique: a new key per request; same: one key; storm: a new key every 50
+-- requests; mix: 80% new keys, 20% repeats of the 256 most recent new keys; cycle: the
+-- keys unique made with the same prefix, 1..cycle over and over (replays of distinct keys).
 wrk.method = "POST"
 wrk.path = "{path}"
 wrk.body = '{body}'
 local counter = 0
 local prefix = "k"
 local mode = "unique"
+local cycle = 1
 local recent = {{}}
 local nrecent = 0
 local RECENT = 256
@@ -166,6 +168,7 @@ function init(args)
     prefix = args[1] or prefix
     mode = args[2] or mode
     math.randomseed(tonumber(args[3] or "1"))
+    cycle = tonumber(args[4] or "1")
 end
 
 function request()
@@ -173,6 +176,8 @@ function request()
     local key
     if mode == "same" then
         key = prefix .. "-same"
+    elseif mode == "cycle" then
+        key = prefix .. "-" .. ((counter - 1) % cycle + 1)
     elseif mode == "storm" then
         key = prefix .. "-s" .. math.floor((counter - 1) / 50)
     elseif mode == "mix" and nrecent > 0 and math.random() < 0.2 then

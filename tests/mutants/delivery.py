@@ -4,6 +4,9 @@ from tests.mutants import Mutant
 
 C = "tests/test_store_contract.py::"
 
+#: the accept-only gateway's test, in test_delivery.py
+QUIET = "test_a_gateway_that_delivers_nothing_does_not_listen_for_delivery_notices"
+
 MUTANTS = [
     Mutant(
         name="memory-pick-not-due",
@@ -63,10 +66,19 @@ MUTANTS += [
     Mutant(
         name="redis-accept-not-queued",
         path="gateway/store/lua/accept.lua",
-        old="move(nil, 'queued', now, now)",
-        new="redis.call('HSET', R, 's', 'queued', 'u', now)",
+        old="  redis.call('ZADD', INDEX.queued, at, MEMBER)\n",
+        new="",
         tests=(C + "test_accepted_delivery_is_listed_counted_and_announced" + R,),
         breaks="an accepted delivery is in no queue index: only a full rescan could find it",
+    ),
+    Mutant(
+        name="redis-accept-uncounted",
+        path="gateway/store/lua/accept.lua",
+        old="  redis.call('HINCRBY', QR, ROUTE, 1)\n",
+        new="",
+        tests=(C + "test_accepted_delivery_is_listed_counted_and_announced" + R,),
+        breaks="an accepted delivery is not counted: admission (max_queued) and the queue "
+        "gauges miss it, and the queue watch never sees its route's work",
     ),
     Mutant(
         name="redis-complete-keeps-request",
@@ -171,5 +183,37 @@ MUTANTS += [
         new='if r.delivery.mode == "async"',
         tests=(D + "test_work_accepted_before_a_reload_made_the_route_sync_is_delivered[memory]",),
         breaks="work answered 202 stays queued forever once a reload makes its route sync",
+    ),
+    Mutant(
+        name="idle-process-hears-due-notices",
+        path="gateway/store/redis_notices.py",
+        old="channels = [*self._channels, *self._due_channels] if due else self._channels",
+        new="channels = [*self._channels, *self._due_channels]",
+        tests=(C + "test_delivery_notices_are_heard_only_while_a_worker_listens" + R,),
+        breaks="a process that delivers nothing reads (and Redis writes it) a notice per accept",
+    ),
+    Mutant(
+        name="due-listener-not-subscribed",
+        path="gateway/store/redis_notices.py",
+        old="        while not self._closing and due == self.due.listening:\n",
+        new="        while not self._closing:\n",
+        tests=(C + "test_delivery_notices_are_heard_only_while_a_worker_listens" + R,),
+        breaks="a worker that starts listening (a reload that lets it deliver) hears no notice",
+    ),
+    Mutant(
+        name="worker-listens-without-lanes",
+        path="gateway/delivery.py",
+        old="        notices = bool(self.lanes)\n",
+        new="        notices = True\n",
+        tests=(D + QUIET + "[memory]",),
+        breaks="an accept-only gateway still reads a delivery notice per accepted request",
+    ),
+    Mutant(
+        name="reload-never-listens",
+        path="gateway/delivery.py",
+        old="            found.route = route\n        self._listen()\n",
+        new="            found.route = route\n",
+        tests=(D + QUIET + "[memory]",),
+        breaks="a reload that lets a gateway deliver leaves it deaf to notices (backstop only)",
     ),
 ]

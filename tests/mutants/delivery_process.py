@@ -10,8 +10,8 @@ MUTANTS = [
     Mutant(
         name="accept-enqueue-dropped",
         path="gateway/store/lua/accept.lua",
-        old="move(nil, 'queued', now, now)",
-        new="redis.call('HSET', R, 's', 'queued', 'u', now)",
+        old="  redis.call('ZADD', INDEX.queued, at, MEMBER)\n",
+        new="",
         tests=(
             P + "test_redis_aof_restart_between_accept_and_delivery",
             P + "test_sigkill_before_pickup_other_replica_delivers",

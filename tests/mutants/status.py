@@ -39,4 +39,20 @@ MUTANTS = [
         tests=(S + "test_access_log_shows_the_token_as_stars[memory]",),
         breaks="the access log holds every status URL's token, so anyone reading logs reads them",
     ),
+    Mutant(
+        name="status-token-32-bits",
+        path="gateway/settlement.py",
+        old="base64.urlsafe_b64encode(drawn[8:])",
+        new="base64.urlsafe_b64encode(drawn[8:12] * 4)",
+        tests=(S + "test_the_token_is_all_128_bits_of_its_own_draw",),
+        breaks="status URLs carry 32 random bits in 22 characters: guessable by brute force",
+    ),
+    Mutant(
+        name="status-token-is-the-run-id",
+        path="gateway/settlement.py",
+        old="return drawn[:8].hex(), base64",
+        new="return drawn[8:16].hex(), base64",
+        tests=(S + "test_the_token_is_all_128_bits_of_its_own_draw",),
+        breaks="the run id the access log and admin API show gives away half the status token",
+    ),
 ]

@@ -6,7 +6,7 @@
 --   KEYS[8] the bucket's count of pending deliveries per route, KEYS[9] the record's
 --   stored request (deliveries only; deleted when the key settles).
 -- ARGV[1] is the record's index member ("digest/route"), ARGV[2] its bucket's
--- sharded channel (same tag), so every script runs unchanged on Redis Cluster.
+-- sharded channel `...:c` (same tag), so every script runs unchanged on Redis Cluster.
 local R = KEYS[1]
 local MEMBER, CHANNEL = ARGV[1], ARGV[2]
 local INDEX = {in_flight = KEYS[2], unresolved = KEYS[3], parked = KEYS[4], claimed = KEYS[5],
@@ -57,10 +57,17 @@ local function move(from, to, now, score, notice)
   notify(notice)
 end
 
--- A delivery is (or will be) due: tell every process. Always published: unlike a
--- waiter, a queued delivery always has someone to wake (the workers).
+-- Delivery notices go to the bucket's `d` channel (CHANNEL with `d` for its final
+-- `c`: same tag, same slot), which only processes that deliver subscribe to; `c`
+-- stays for the waiters every process has.
+local function due_notice(text)
+  redis.call('SPUBLISH', string.sub(CHANNEL, 1, -2) .. 'd', text)
+end
+
+-- A delivery is (or will be) due: tell every process that delivers. Always published:
+-- unlike a waiter, a queued delivery always has someone to wake (the workers).
 local function announce(due, now, origin)
-  redis.call('SPUBLISH', CHANNEL, '!d ' .. MEMBER .. ' ' .. due .. ' ' .. now .. ' ' .. origin)
+  due_notice('!d ' .. MEMBER .. ' ' .. due .. ' ' .. now .. ' ' .. origin)
 end
 
 -- Fields of a run still open: its lease, a check's lock, an operator's hold. A

@@ -16,12 +16,17 @@ if not state or state == 'released' then
     history = redis.call('HGET', R, 'h')
     redis.call('DEL', R)
   end
-  redis.call('HSET', R, 'r', ARGV[3], 'f', ARGV[4], 'c', now, 'rt', ARGV[5], 'k', ARGV[6],
-    'dl', 1, 'n', 0, 'due', now, 'tk', ARGV[8])
+  -- move(nil, 'queued', now, now) and announce(now, now, origin), inlined as claim.lua
+  -- inlines its move: one HSET for every field, no notify() (a new record has no
+  -- waiter), and `now` spelled once (Lua would format the number for each argument).
+  local at = string.format('%d', now)
+  redis.call('HSET', R, 's', 'queued', 'u', at, 'r', ARGV[3], 'f', ARGV[4], 'c', at,
+    'rt', ARGV[5], 'k', ARGV[6], 'dl', '1', 'n', '0', 'due', at, 'tk', ARGV[8])
   if history then redis.call('HSET', R, 'h', history) end
   redis.call('SET', RQ, ARGV[7])
-  move(nil, 'queued', now, now)
-  announce(now, now, ARGV[11])
+  redis.call('ZADD', INDEX.queued, at, MEMBER)
+  redis.call('HINCRBY', QR, ROUTE, 1)
+  due_notice('!d ' .. MEMBER .. ' ' .. at .. ' ' .. at .. ' ' .. ARGV[11])
   return {1, now}
 end
 -- This run's own record: the command was retried after a lost reply. A write here

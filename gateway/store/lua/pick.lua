@@ -47,7 +47,7 @@ redis.call('HSET', R, 'r', ARGV[3], 'l', lease, 'n', attempt)
 redis.call('HDEL', R, 'due')
 add_event({at_ms = now, event = 'attempt', attempt = attempt, run_id = ARGV[3], replica = ARGV[6]})
 move(state, 'in_flight', now, lease)
-redis.call('SPUBLISH', CHANNEL, '!t ' .. MEMBER)
+due_notice('!t ' .. MEMBER)
 local member, score = next_due()
 local reply = {1, now, redis.call('GET', RQ) or '', member, score}
 for _, value in ipairs(redis.call('HGETALL', R)) do reply[#reply + 1] = value end
