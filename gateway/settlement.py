@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import logging
 import os
 import secrets
@@ -206,13 +207,19 @@ async def attempt(engine: Engine, route: Route, hint: KeyRef, replica: str) -> D
 def stored_request(route: Route, parts: RequestParts, origin: Origin) -> StoredRequest:
     """The request as the upstream will get it at each attempt, minus what is never
     stored: delivery.drop_headers and the key header (added again from the key)."""
-    drop = set(route.delivery.drop_headers)
-    if route.forward_key_header:
-        drop.add(route.forward_key_header.lower())
+    drop = never_stored(route.delivery.drop_headers, route.forward_key_header)
     headers = forwarded_headers(parts.headers, origin.client, origin.scheme, origin.proxies)
-    kept = tuple((n, v) for n, v in headers if n.lower() not in drop)
+    # The names are lower-case already (RequestParts' and forwarded_headers' own lines).
+    kept = tuple([(n, v) for n, v in headers if n not in drop])
     target = parts.path + ("?" + parts.query if parts.query else "")
     return StoredRequest(parts.method, target, kept, parts.body)
+
+
+@functools.lru_cache(maxsize=256)
+def never_stored(drop_headers: frozenset[str], key_header: str | None) -> frozenset[str]:
+    """The lower-case names an async route never stores, built once per route setting
+    (drop_headers are lower-case from the config; the key header may be any case)."""
+    return (drop_headers | {key_header.lower()}) if key_header else drop_headers
 
 
 def delivery_outbound(route: Route, request: StoredRequest, key: str) -> Outbound:

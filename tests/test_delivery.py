@@ -13,16 +13,22 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from email.utils import format_datetime
+from ipaddress import ip_network
 from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.app import Gateway
-from gateway.config import RetryConfig, Route
+from gateway.config import DeliveryConfig, KeySource, KeySpec, RetryConfig, Route
 from gateway.delivery import next_delay, parse_retry_after, plan
-from gateway.keys import record_digest
+from gateway.forwarding import NO_PROXIES, TrustedProxies, forwarded_headers
+from gateway.keys import RequestParts, record_digest
+from gateway.outbound import Origin
 from gateway.records import KeyRef, Record, State
+from gateway.settlement import stored_request
 from tests.conftest import GatewayClient, config_for, unique, upstream_count
 from tests.support.servers import Process, upstream_server
 
@@ -341,6 +347,47 @@ async def test_stored_request_drops_headers_and_the_key(
     seen = json.loads(record.response.body)["headers"]
     assert seen["idempotency-key"] == key and seen["x-keep"] == "yes"
     assert "x-secret" not in seen
+
+
+_NAMES = st.sampled_from(
+    "x-secret cookie idempotency-key x-idem x-keep connection host x-forwarded-for "
+    "forwarded content-type x-real-ip te".split()
+)
+
+
+def _any_case(name: str) -> st.SearchStrategy[str]:
+    return st.tuples(*(st.sampled_from([c.lower(), c.upper()]) for c in name)).map("".join)
+
+
+@settings(max_examples=300, deadline=None, database=None, derandomize=True)
+@given(
+    drop=st.lists(_NAMES.flatmap(_any_case), max_size=3),
+    key_header=st.one_of(st.none(), _NAMES.flatmap(_any_case)),
+    headers=st.lists(st.tuples(_NAMES, st.text(max_size=4)), max_size=10),
+    proxies=st.sampled_from([NO_PROXIES, TrustedProxies([ip_network("127.0.0.0/8")])]),
+)
+def test_stored_request_keeps_what_the_set_filter_kept(
+    drop: list[str], key_header: str | None, headers: list[tuple[str, str]], proxies: Any
+) -> None:
+    """The stored request's headers are those forwarded, minus drop_headers and the key
+    header (either in any case), in order: as the filter that lower-cased every name
+    against a set built per request kept them (the request's names are lower-case)."""
+    route = Route(
+        name="r",
+        path="/r",
+        upstream="http://127.0.0.1:1",
+        key=KeySpec((KeySource("header", "Idempotency-Key"),)),
+        forward_key_header=key_header,
+        delivery=DeliveryConfig(mode="async", drop_headers=drop),
+    )
+    parts = RequestParts("POST", "/r", "a=1", headers, b"{}")
+    origin = Origin("127.0.0.1", "http", proxies)
+    forwarded = forwarded_headers(parts.headers, origin.client, origin.scheme, proxies)
+    never = {n.lower() for n in drop} | ({key_header.lower()} if key_header else set())
+    kept = tuple((n, v) for n, v in forwarded if n.lower() not in never)
+    stored = stored_request(route, parts, origin)
+    assert stored.headers == kept
+    assert (stored.method, stored.target, stored.body) == ("POST", "/r?a=1", b"{}")
 
 
 async def test_queue_full_refuses_new_keys_only(gateway_for: Build, upstream: Process) -> None:

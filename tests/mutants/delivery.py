@@ -171,10 +171,18 @@ MUTANTS += [
     Mutant(
         name="drop-headers-stored",
         path="gateway/settlement.py",
-        old="if n.lower() not in drop)",
-        new="if True)",
+        old="if n not in drop])",
+        new="if True])",
         tests=(D + "test_stored_request_drops_headers_and_the_key[memory]",),
         breaks="headers the route says must never be stored (credentials) are kept with the job",
+    ),
+    Mutant(
+        name="stored-key-header-case",
+        path="gateway/settlement.py",
+        old="(drop_headers | {key_header.lower()})",
+        new="(drop_headers | {key_header})",
+        tests=(D + "test_stored_request_keeps_what_the_set_filter_kept",),
+        breaks="the key header (Idempotency-Key as configured) is stored with the job",
     ),
     Mutant(
         name="resync-strands-accepted-work",
