@@ -620,13 +620,13 @@ def _redis_ports(store_kind: str, request: pytest.FixtureRequest) -> list[int]:
 async def _load_scripts(ports: list[int]) -> None:
     import redis.asyncio as aioredis
 
-    from gateway.store.redis import _script_source
+    from gateway.store.redis_scripts import script_source
 
     for port in ports:
         client = aioredis.Redis(host="127.0.0.1", port=port)
         try:
             for name in ("claim", "complete"):
-                await client.script_load(_script_source(name))
+                await client.script_load(script_source(name))
         finally:
             await client.aclose()
 

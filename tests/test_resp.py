@@ -11,13 +11,19 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import hiredis
 import pytest
 import redis.asyncio as aioredis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from redis._parsers.encoders import Encoder
+from redis.connection import PythonRespSerializer
 
 from gateway.config import StoreConfig
 from gateway.errors import StoreError
 from gateway.records import KeyRef, State
-from gateway.store.redis import RedisStore
+from gateway.store.redis import BUCKETS, RedisStore
+from gateway.store.redis_scripts import SCRIPTS
 from gateway.store.resp import Endpoint, RespConnection, RespConnectionError, RespError
 from tests.conftest import unique
 from tests.support.loops import anyio_backend  # noqa: F401  (uvloop and asyncio)
@@ -87,9 +93,11 @@ async def test_a_call_to_an_idle_redis_leaves_at_once_the_rest_together(
     assert protocol is not None
     recorder = Recorder(protocol.transport)
     protocol.transport = recorder  # type: ignore[assignment]
-    first = protocol.send(("ECHO", "a"))  # no await between: one loop iteration
+    first = protocol.send(
+        hiredis.pack_command(("ECHO", "a"))
+    )  # no await between: one loop iteration
     assert len(recorder.writes) == 1 and protocol.outgoing == []
-    later = [protocol.send(("ECHO", v)) for v in ("b", "c")]
+    later = [protocol.send(hiredis.pack_command(("ECHO", v))) for v in ("b", "c")]
     assert len(recorder.writes) == 1 and len(protocol.outgoing) == 2
     assert await asyncio.gather(first, *later) == [b"a", b"b", b"c"]
     assert recorder.writes[1:] == [b"".join(recorder.writes[1:])]  # one write for both
@@ -180,13 +188,100 @@ async def test_restarted_redis_gets_its_scripts_again(own_redis: RedisServer) ->
         own_redis.kill()
         own_redis.start()  # same port, no scripts loaded, no data
         # The old connection is dead and the new server has no scripts: the call
-        # reconnects, gets NOSCRIPT, loads the script and runs it.
-        second = ref()
+        # reconnects, gets NOSCRIPT, loads the script and runs it (with the template
+        # the first claim's bucket and route got before the restart).
+        second = KeyRef(first.digest[:4] + os.urandom(14).hex(), first.route, unique())
         assert await store.claim(second, "run2", "fp", 10) is None
         record = await store.get(second)
         assert record is not None and record.state is State.IN_FLIGHT
     finally:
         await store.close()
+
+
+async def test_a_reloaded_script_is_sent_with_the_sha_redis_gave_it(
+    redis_server: RedisServer,
+) -> None:
+    """The store's sha of a script is not Redis's (as if the two hashed the source
+    differently): the first call's NOSCRIPT loads it, and from then on every call, in
+    every bucket and route, carries the sha SCRIPT LOAD answered: no call is left with
+    a template of the old one."""
+    store = RedisStore(StoreConfig(url=redis_server.url, prefix=unique("t") + ":"))
+    await store.start()
+    try:
+        script = store._scripts["claim"]
+        known = script.sha
+        first = ref()
+        assert await store.claim(first, "run1", "fp", 10) is None  # a template, Redis's sha
+        script.sha = "0" * 40
+        same_slot = KeyRef(first.digest[:4] + os.urandom(14).hex(), first.route, unique())
+        elsewhere = [ref() for _ in range(5)]
+        for i, key in enumerate([same_slot, *elsewhere]):
+            assert await store.claim(key, f"run{i}", "fp", 10) is None
+            record = await store.get(key)
+            assert record is not None and record.state is State.IN_FLIGHT
+        assert script.sha == known
+    finally:
+        await store.close()
+
+
+def _stores() -> list[RedisStore]:
+    """Stores that never connect: the bytes are computed locally. The second's prefix
+    holds what the templates mark the digest's place with, so it packs without them."""
+    return [
+        RedisStore(StoreConfig(url="redis://127.0.0.1:9/0", prefix=prefix))
+        for prefix in ("idem:", "é\x00digest\x00{x}:")
+    ]
+
+
+_ARGUMENT = st.one_of(
+    st.text(max_size=12),  # non-ASCII and empty among them
+    st.binary(max_size=12),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from(["", b"", 0, "\r\n", "$3", "\x00digest\x00"]),
+)
+_DIGEST = st.one_of(
+    st.text("0123456789abcdef", min_size=32, max_size=32),  # what records have
+    st.tuples(st.text("0123456789abcdef", min_size=4, max_size=4), st.text(max_size=40)).map(
+        "".join
+    ),
+)
+_ROUTE = st.one_of(st.sampled_from(["jobs", "r", "a\x00digest\x00b", ""]), st.text(max_size=12))
+
+
+@settings(max_examples=400, deadline=None, database=None, derandomize=True)
+@given(
+    calls=st.lists(
+        st.tuples(
+            st.sampled_from(SCRIPTS),
+            st.integers(0, 1),
+            _DIGEST,
+            _ROUTE,
+            st.lists(_ARGUMENT, max_size=10).map(tuple),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_every_script_call_is_packed_as_hiredis_and_redis_py_pack_it(
+    calls: list[tuple[str, int, str, str, tuple[Any, ...]]],
+) -> None:
+    """The EVALSHA the store writes, from its templates, is byte for byte the command
+    hiredis packs from the store's keys and arguments, and redis-py's own packer (the
+    Cluster path's): for every script, any route and digest (the templates outlive an
+    example, so later ones reuse them with other digests, lengths and arities)."""
+    serializer = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+    for name, which, digest, route, args in calls:
+        store = STORES[which]
+        ref = KeyRef(digest, route, "")
+        keys, head = store._keys(ref)
+        whole = ("EVALSHA", store._scripts[name].sha, len(keys), *keys, *head, *args)
+        bucket = int(digest[:4], 16) % BUCKETS
+        sent = store._commands.command(name, bucket, digest, route, args)
+        assert sent == hiredis.pack_command(whole)
+        assert sent == b"".join(serializer.pack(*whole))
+
+
+STORES = _stores()
 
 
 async def test_a_dropped_connection_fails_only_the_calls_on_it(

@@ -20,7 +20,8 @@ without scanning the keyspace. User keys never appear in Redis names: a key such
 `../*{x}` is hashed into the digest, so it cannot reach another record.
 
 Beside it: redis_delivery.py (the delivery operations), redis_notices.py (the
-subscriber to the buckets' channels), redis_topology.py (connecting to one server,
+subscriber to the buckets' channels), redis_scripts.py (the scripts' sources and each
+call's bytes on the wire), redis_topology.py (connecting to one server,
 Sentinel or Cluster), redis_record.py (the record's fields and reading them),
 redis_info.py (INFO and the warnings about eviction and AOF).
 """
@@ -33,7 +34,6 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from importlib import resources
 from typing import Any
 
 from redis.commands.core import AsyncScript
@@ -47,36 +47,17 @@ from gateway.store.redis_delivery import RedisDeliveries, attempt_json
 from gateway.store.redis_info import read_info, report
 from gateway.store.redis_notices import RedisNotices, bounded
 from gateway.store.redis_record import decode_record, text
+from gateway.store.redis_scripts import SCRIPTS, ScriptCommands, script_source
 from gateway.store.redis_topology import client_for, describe, script_endpoint
 from gateway.store.resp import RespConnection, RespConnectionError, RespError
 
 log = logging.getLogger("gateway.store")
 
 _INDEXED = ("in_flight", "unresolved", "parked", "claimed")
-_SCRIPTS = (
-    "claim",
-    "complete",
-    "release",
-    "unresolved",
-    "expire",
-    "check_begin",
-    "check_end",
-    "park",
-    "op_claim",
-    "op_resolve",
-    "accept",
-    "pick",
-    "retry",
-)
 
 #: Records are spread over this many hash tags: enough to balance a cluster's
 #: shards, few enough that the sweep and the metrics read every index cheaply.
 BUCKETS = 64
-
-
-def _script_source(name: str) -> str:
-    lua = resources.files("gateway.store") / "lua"
-    return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
 class RedisStore(RedisDeliveries, RedisNotices):
@@ -94,7 +75,7 @@ class RedisStore(RedisDeliveries, RedisNotices):
         # and redis-py retries the claim, finding its own unconfirmed write.
         self.replica_timeout_ms = max(1, int(config.socket_timeout * 500))
         self._scripts: dict[str, AsyncScript] = {
-            name: self.client.register_script(_script_source(name)) for name in _SCRIPTS
+            name: self.client.register_script(script_source(name)) for name in SCRIPTS
         }
         # Each bucket's names, built once: its hash tag, and the channel, marker and
         # state indexes under it (the same for every record in the bucket).
@@ -103,6 +84,7 @@ class RedisStore(RedisDeliveries, RedisNotices):
         self._due_channels = [tag + "d" for tag in self._tags]  # _lib.lua's due_notice
         self._markers = [tag + "m" for tag in self._tags]
         self._indexes = [[tag + "i:" + state for state in _INDEXED] for tag in self._tags]
+        self._commands = ScriptCommands(self._scripts, self._layout, self.prefix)
         self._listener: asyncio.Task[None] | None = None
         self._closing = False
         self._hearing_due: bool | None = None
@@ -126,44 +108,48 @@ class RedisStore(RedisDeliveries, RedisNotices):
 
     def _keys(self, ref: KeyRef) -> tuple[list[str], list[str]]:
         """The script KEYS (see _lib.lua) and the two ARGV every script starts with."""
-        bucket = _bucket(ref.digest)
+        return self._layout(_bucket(ref.digest), ref.digest, ref.route)
+
+    def _layout(self, bucket: int, digest: str, route: str) -> tuple[list[str], list[str]]:
         tag = self._tags[bucket]
         keys = [
-            tag + ref.digest,
+            tag + digest,
             *self._indexes[bucket],
-            f"{tag}i:queued:{ref.route}",
-            f"{tag}i:retrying:{ref.route}",
+            f"{tag}i:queued:{route}",
+            f"{tag}i:retrying:{route}",
             tag + "qr",
-            tag + "rq:" + ref.digest,
+            tag + "rq:" + digest,
         ]
-        return keys, [f"{ref.digest}/{ref.route}", self._channels[bucket]]
+        return keys, [f"{digest}/{route}", self._channels[bucket]]
 
     def _tag(self, digest: str) -> str:
         return self._tags[_bucket(digest)]
 
     async def _run(self, name: str, ref: KeyRef, *args: Any) -> Any:
-        keys, head = self._keys(ref)
         if self._pipe is not None:
-            return await self._evalsha(self._pipe, name, keys, [*head, *args])
+            return await self._evalsha(self._pipe, name, ref, args)
+        keys, head = self._keys(ref)
         try:
             return await self._scripts[name](keys=keys, args=[*head, *args])
         except RedisError as exc:
             raise StoreError(f"redis {name} failed: {exc}") from exc
 
     async def _evalsha(
-        self, pipe: RespConnection, name: str, keys: list[str], args: list[Any]
+        self, pipe: RespConnection, name: str, ref: KeyRef, args: tuple[Any, ...]
     ) -> Any:
-        script = self._scripts[name]
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        bucket = _bucket(ref.digest)
+        command = self._commands.command(name, bucket, ref.digest, ref.route, args)
         retried = loaded = False
         while True:
             try:
-                return await pipe.call(*command)
+                return await pipe.call_packed(command)
             except RespError as exc:
                 message = str(exc)
                 if message.startswith("NOSCRIPT") and not loaded:
-                    # A restarted or flushed Redis: load the script, then run it.
-                    await self._load(pipe, name)
+                    # A restarted or flushed Redis: load the script, then run it
+                    # (with the sha Redis gave it, should that be another).
+                    self._commands.loaded(name, await self._load(pipe, name))
+                    command = self._commands.command(name, bucket, ref.digest, ref.route, args)
                     loaded = True
                     continue
                 if message.startswith("READONLY") and not retried:
@@ -180,9 +166,9 @@ class RedisStore(RedisDeliveries, RedisNotices):
                 retried = True
                 await asyncio.sleep(0.02)
 
-    async def _load(self, pipe: RespConnection, name: str) -> None:
+    async def _load(self, pipe: RespConnection, name: str) -> str:
         try:
-            await pipe.call("SCRIPT", "LOAD", self._scripts[name].script)
+            return text(await pipe.call("SCRIPT", "LOAD", self._scripts[name].script))
         except (RespError, RespConnectionError) as exc:
             raise StoreError(f"redis {name} failed: cannot load the script: {exc}") from None
 

@@ -25,11 +25,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import hiredis
+
+#: hiredis's packer, typed (its stub takes one-element tuples and returns Any):
+#: `*<n>\r\n` then `$<size>\r\n<bytes>\r\n` per argument, str as UTF-8, int in decimal.
+pack_command: Callable[[tuple[Any, ...]], bytes] = hiredis.pack_command
 
 
 class RespError(Exception):
@@ -52,6 +56,46 @@ class Endpoint:
     username: str = ""
     password: str = ""
     db: int = 0
+
+
+class CommandTemplate:
+    """A command's RESP bytes, for commands that differ only in one value (the hole)
+    spliced into some of their leading arguments, and in their last `arity` arguments.
+
+    The leading arguments are encoded once, with `marker` where the hole goes, and
+    split there; packing joins the pieces with the hole's bytes and appends the last
+    arguments as hiredis packs them. The bytes are hiredis.pack_command's for the whole
+    command (test_resp.py checks them for every script the store sends), for a hole of
+    `hole_size` bytes. `marker` must occur in the leading arguments only as the hole.
+    """
+
+    __slots__ = ("_cut", "_pieces", "arity", "hole_size")
+
+    def __init__(
+        self, leading: Sequence[str | bytes | int], marker: str, hole_size: int, arity: int
+    ) -> None:
+        self.hole_size, self.arity = hole_size, arity
+        mark = marker.encode()
+        pieces: list[bytes] = []
+        current = b"*%d\r\n" % (len(leading) + arity)
+        for argument in leading:
+            # pack_command's bytes for one argument: `$<size>\r\n<bytes>\r\n`
+            encoded = pack_command((argument,))[4:-2].partition(b"\r\n")[2]
+            holes = encoded.split(mark)
+            size = len(encoded) + (len(holes) - 1) * (hole_size - len(mark))
+            current += b"$%d\r\n" % size + holes[0]
+            for piece in holes[1:]:
+                pieces.append(current)
+                current = piece
+            current += b"\r\n"
+        pieces.append(current)
+        self._pieces = pieces
+        # what pack_command puts before the last arguments: `*<arity>\r\n`
+        self._cut = len(b"*%d\r\n" % arity)
+
+    def pack(self, hole: bytes, args: tuple[Any, ...]) -> bytes:
+        """The command's bytes; `hole` must be `hole_size` bytes, `args` `arity` long."""
+        return hole.join(self._pieces) + pack_command(args)[self._cut :]
 
 
 class _Protocol(asyncio.Protocol):
@@ -101,11 +145,11 @@ class _Protocol(asyncio.Protocol):
             if not waiter.done():
                 waiter.set_exception(error)
 
-    def send(self, args: tuple[Any, ...]) -> asyncio.Future[Any]:
+    def send(self, command: bytes) -> asyncio.Future[Any]:
+        """Send one command, already RESP-encoded, and return the future of its reply."""
         if self.lost is not None or self.transport is None:
             raise self.lost or RespConnectionError("not connected to redis")
         waiter = self.loop.create_future()
-        command = hiredis.pack_command(args)
         idle = not self.pending
         self.pending.append((waiter, self.loop.time()))
         if idle:
@@ -155,10 +199,14 @@ class RespConnection:
     async def call(self, *args: Any) -> Any:
         """Send one command and wait for its reply. Raises RespError for an error
         reply and RespConnectionError when the outcome is unknown."""
+        return await self.call_packed(pack_command(args))
+
+    async def call_packed(self, command: bytes) -> Any:
+        """`call`, for a command already RESP-encoded (a CommandTemplate's)."""
         protocol = self._protocol
         if protocol is None or protocol.lost is not None:
             protocol = await self._connect()
-        return await protocol.send(args)
+        return await protocol.send(command)
 
     def reset(self) -> None:
         """Drop the connection (its pending calls fail); the next call reconnects."""
@@ -212,9 +260,9 @@ class RespConnection:
                 try:
                     if endpoint.password:
                         user = (endpoint.username,) if endpoint.username else ()
-                        await protocol.send(("AUTH", *user, endpoint.password))
+                        await protocol.send(pack_command(("AUTH", *user, endpoint.password)))
                     if endpoint.db:
-                        await protocol.send(("SELECT", endpoint.db))
+                        await protocol.send(pack_command(("SELECT", endpoint.db)))
                 except BaseException:
                     protocol.abort(RespConnectionError("login failed"))
                     raise

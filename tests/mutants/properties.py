@@ -124,8 +124,8 @@ MUTANTS = [
     Mutant(
         name="record-name-holds-user-key",
         path="gateway/store/redis.py",
-        old="            tag + ref.digest,\n",
-        new="            tag + ref.key,\n",
+        old="return self._layout(_bucket(ref.digest), ref.digest, ref.route)",
+        new="return self._layout(_bucket(ref.digest), ref.key, ref.route)",
         tests=(P + "test_record_names_are_hashed_and_tagged",),
         breaks="a user's key becomes a Redis name: ../*{x} keys can reach other records",
     ),

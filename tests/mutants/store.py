@@ -40,6 +40,48 @@ MUTANTS = [
     ),
 ]
 
+PACKED = f"{RESP}::test_every_script_call_is_packed_as_hiredis_and_redis_py_pack_it"
+
+MUTANTS += [
+    Mutant(
+        name="redis-template-shared-across-buckets",
+        path="gateway/store/redis_scripts.py",
+        old="slot = (name, route, bucket)",
+        new="slot = (name, route, 0)",
+        tests=(
+            PACKED,
+            "tests/test_store_contract.py::test_concurrent_first_claims_one_wins[redis]",
+        ),
+        breaks="a script call writes another bucket's indexes: records the sweep never sees",
+    ),
+    Mutant(
+        name="redis-template-shared-across-routes",
+        path="gateway/store/redis_scripts.py",
+        old="slot = (name, route, bucket)",
+        new='slot = (name, "", bucket)',
+        tests=(PACKED,),
+        breaks="a delivery is queued in another route's index, under another route's member",
+    ),
+    Mutant(
+        name="redis-template-digest-size-ignored",
+        path="gateway/store/redis_scripts.py",
+        old="template is None or template.hole_size != len(hole) or",
+        new="template is None or",
+        tests=(PACKED,),
+        breaks="a digest of another length goes out with the lengths of the first: garbled RESP",
+    ),
+    Mutant(
+        name="redis-template-keeps-a-stale-sha",
+        path="gateway/store/redis_scripts.py",
+        old="""        for key in [key for key in self._templates if key[0] == name]:
+            del self._templates[key]
+""",
+        new="",
+        tests=(f"{RESP}::test_a_reloaded_script_is_sent_with_the_sha_redis_gave_it",),
+        breaks="after a reload, calls built before it send a sha Redis does not know: 503s",
+    ),
+]
+
 MUTANTS.extend(
     [
         Mutant(
