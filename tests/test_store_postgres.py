@@ -20,7 +20,7 @@ from gateway.config import StoreConfig
 from gateway.errors import StoreError
 from gateway.records import KeyRef, State, StoredRequest, StoredResponse
 from gateway.store.postgres import REAP_LOCK, PostgresStore
-from gateway.store.postgres_schema import VERSION
+from gateway.store.postgres_schema import VERSION, migrations
 from tests.conftest import GatewayClient, config_for, migrate_database, unique, upstream_count
 from tests.support.postgres import PostgresServer
 from tests.support.servers import ROOT, Process, free_port, gateway_process
@@ -98,9 +98,38 @@ def test_migrate_is_versioned_idempotent_and_safe_from_two_replicas_at_once(
     out, err = again.communicate(timeout=60)
     assert again.returncode == 0 and "nothing to do" in out, (out, err)
     [(database,)] = postgres_server.sql("SELECT current_database()")  # the session's
-    rows = _sql(url, "SELECT version, name FROM gateway_schema")
-    assert rows == [(VERSION, "initial")]
+    rows = _sql(url, "SELECT version, name FROM gateway_schema ORDER BY version")
+    assert rows == [(1, "initial"), (2, "last_success")] and VERSION == 2
     assert database == "gateway"
+
+
+async def test_migrate_brings_a_version_1_database_to_the_last_success_table(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """A database a gateway of schema version 1 made: `run` refuses it naming the
+    command, `store migrate` applies 002 alone, and completions then record the last
+    success."""
+    url = fresh_database(postgres_server)
+    _sql(url, "CREATE TABLE gateway_schema (version integer PRIMARY KEY, name text NOT NULL,"
+              " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+    _sql(url, migrations()[0].sql)
+    _sql(url, "INSERT INTO gateway_schema (version, name) VALUES (1, 'initial')")
+    path = write_config(tmp_path, url)
+    run = gateway_command("run", "--config", str(path))
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 1 and "version 1, and this gateway needs 2" in err, (out, err)
+    migrate = gateway_command("store", "migrate", "--config", str(path))
+    out, err = migrate.communicate(timeout=60)
+    assert migrate.returncode == 0 and "applied 002_last_success;" in out, (out, err)
+    store = PostgresStore(StoreConfig(url=url, prefix=unique("t") + ":"))
+    await store.start()
+    try:
+        r = ref("send-reminder")
+        assert await store.claim(r, "run", "fp", 30) is None
+        assert await store.complete(r, "run", RESPONSE, 60)
+        assert list(await store.last_successes()) == ["send-reminder"]
+    finally:
+        await store.close()
 
 
 def _sql(url: str, query: str) -> list[tuple[Any, ...]]:

@@ -1,8 +1,8 @@
 """The Redis store's Lua scripts as they go over the wire: their sources, and each
 call's EVALSHA, packed from a template per (script, route, bucket).
 
-Every call is `EVALSHA <sha> 9 <keys> <member> <channel> <args...>` (the keys and the
-two leading ARGV: RedisStore._layout). Of its 14 leading arguments only the record's
+Every call is `EVALSHA <sha> 10 <keys> <member> <channel> <args...>` (the keys and the
+two leading ARGV: RedisStore._layout). Of its 15 leading arguments only the record's
 digest varies within a bucket and route: it is in the record's key, the request's key
 and the member `digest/route`; the bucket's indexes and channel, the route's queue
 indexes and the script's sha are the same for every call. So they are RESP-encoded
