@@ -418,10 +418,15 @@ class Heard:
         return self
 
     async def until(self, found: Callable[[], bool]) -> None:
-        for _ in range(100):  # pub/sub delivers in another task: give it up to 5 s
+        # Pub/sub delivers in another task (on a cluster, one per shard): a bounded
+        # wait, 10 s, since one CI-like run under load missed a notice at 5 s.
+        deadline = asyncio.get_running_loop().time() + 10
+        while asyncio.get_running_loop().time() < deadline:
             if found():
                 return
             await asyncio.sleep(0.05)
+        if found():
+            return
         raise AssertionError("the notice never came")
 
 
