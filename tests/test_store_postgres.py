@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 import yaml
@@ -20,7 +21,7 @@ from gateway.config import StoreConfig
 from gateway.errors import StoreError
 from gateway.records import KeyRef, State, StoredRequest, StoredResponse
 from gateway.store.postgres import REAP_LOCK, PostgresStore
-from gateway.store.postgres_schema import VERSION
+from gateway.store.postgres_schema import VERSION, migrations
 from tests.conftest import GatewayClient, config_for, migrate_database, unique, upstream_count
 from tests.support.postgres import PostgresServer
 from tests.support.servers import ROOT, Process, free_port, gateway_process
@@ -98,8 +99,8 @@ def test_migrate_is_versioned_idempotent_and_safe_from_two_replicas_at_once(
     out, err = again.communicate(timeout=60)
     assert again.returncode == 0 and "nothing to do" in out, (out, err)
     [(database,)] = postgres_server.sql("SELECT current_database()")  # the session's
-    rows = _sql(url, "SELECT version, name FROM gateway_schema")
-    assert rows == [(VERSION, "initial")]
+    rows = _sql(url, "SELECT version, name FROM gateway_schema ORDER BY version")
+    assert rows == [(m.version, m.name) for m in migrations()] and rows[-1][0] == VERSION
     assert database == "gateway"
 
 
@@ -146,6 +147,74 @@ def test_migrate_on_a_store_without_a_schema_says_so(tmp_path: Path) -> None:
     done = gateway_command("store", "migrate", "--config", str(path))
     out, err = done.communicate(timeout=60)
     assert done.returncode == 0 and "no schema; nothing to do" in out, (out, err)
+
+
+# -- the claim's races (gateway_take, READ COMMITTED) ---------------------------------
+
+
+async def _waits_on_a_lock(server: PostgresServer) -> None:
+    """Until one of the store's sessions waits for a row lock (another session holds)."""
+    for _ in range(500):
+        rows = server.sql(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = 'idempotency-gateway' AND wait_event_type = 'Lock'"
+        )
+        if rows[0][0]:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the store's claim never waited for the other session's lock")
+
+
+async def test_a_claim_that_loses_the_race_for_a_new_key_answers_with_the_winner(
+    store: PostgresStore, postgres_database: PostgresServer
+) -> None:
+    """The READ COMMITTED pitfall: the claim's read sees no row, another session's claim
+    of the key commits, and the claim's INSERT then conflicts. It must not take the key
+    (the conflict's WHERE) nor come back empty: it reads again and answers with the
+    winner's record."""
+    r = ref()
+    winner = await asyncpg.connect(postgres_database.url)
+    try:
+        async with winner.transaction():
+            claim = store.db.statements["claim"]
+            won = await winner.fetchrow(claim, r.digest, r.route, r.key, "run-1", "fp", 30000, "")
+            assert won is not None and won["outcome"] == 1
+            loser = asyncio.create_task(store.claim(r, "run-2", "fp", 30))
+            await _waits_on_a_lock(postgres_database)  # read: nothing; INSERT: waits
+        found = await loser
+    finally:
+        await winner.close()
+    assert found is not None and found.state is State.IN_FLIGHT and found.run_id == "run-1"
+
+
+async def test_a_duplicate_whose_key_completes_under_it_replays_the_response(
+    store: PostgresStore, postgres_database: PostgresServer
+) -> None:
+    """A duplicate reads the key in flight and goes to mark it `waiting`; the run
+    completes first. The mark finds nothing to mark: the duplicate reads again and
+    replays the completed record, never half a record."""
+    r = ref()
+    assert await store.claim(r, "run-1", "fp", 30) is None
+    other = await asyncpg.connect(postgres_database.url)
+    try:
+        async with other.transaction():
+            await other.execute(
+                "SELECT 1 FROM gateway_records WHERE prefix = $1 AND digest = $2 FOR UPDATE",
+                store.prefix,
+                r.digest,
+            )
+            duplicate = asyncio.create_task(store.claim(r, "run-2", "fp", 30))
+            await _waits_on_a_lock(postgres_database)  # read: in flight; mark: waits
+            sealed = store.codec.encode(r.digest, RESPONSE)
+            done = await other.fetchrow(
+                store.db.statements["complete"], r.digest, "run-1", sealed, 60000, "", None
+            )
+            assert done is not None and done["ok"]
+        found = await duplicate
+    finally:
+        await other.close()
+    assert found is not None and found.state is State.COMPLETED
+    assert found.response == RESPONSE
 
 
 # -- expiry: reads, the reaper --------------------------------------------------------

@@ -5,7 +5,7 @@ as each Redis one is a Lua script (lua/): conditional on the state and the run i
 timed by the database's clock (`gateway_now_ms()`: clock_timestamp()), and safe to run
 twice. Loading expands three names: `@prefix` and `@channel` (this store's prefix and
 NOTIFY channel, as SQL literals) and `@record(x)` (the columns a Record is read from,
-RECORD_COLUMNS, of table alias x). A statement retried after a lost connection may
+RECORD_COLUMNS, of table alias x, or of a composite value `(c.rec)`). A statement retried after a lost connection may
 already have run: every one of them recognises its own earlier effect (the contract's
 "safe to repeat").
 
@@ -60,7 +60,7 @@ RETRIED = (
 #: 2 x socket_timeout (the pool's queue and the statement), then 503, as on Redis.
 FAILED = (*RETRIED, TimeoutError, asyncpg.PostgresError)
 
-_RECORD = re.compile(r"@record\((\w+)\)")
+_RECORD = re.compile(r"@record\((\w+|\(\w+\.\w+\))\)")
 
 
 def literal(text: str) -> str:
@@ -200,6 +200,8 @@ def _message(exc: BaseException) -> str:
 
 def decode_record(store: Store, digest: str, now: int, row: Any) -> Record:
     """The Record of a row holding RECORD_COLUMNS (by name), read at `now`."""
+    # gateway_take (003_take_function.sql) sends a field at its default as NULL,
+    # which costs no decoding (a jsonb field: no json.loads): the default here.
     raw, sealed = row["response"], row["token"]
     response, unreadable = (None, "") if raw is None else store.read_response(digest, raw)
     return Record(
@@ -214,18 +216,18 @@ def decode_record(store: Store, digest: str, now: int, row: Any) -> Record:
         lease_until_ms=row["lease_until_ms"],
         response=response,
         unreadable=unreadable,
-        reason=row["reason"],
+        reason=row["reason"] or "",
         since_ms=row["since_ms"],
-        holder=row["holder"],
-        holder_since_ms=row["holder_since_ms"],
-        check_lock_ms=row["check_lock_ms"],
-        last_check_ms=row["last_check_ms"],
-        reconcile=row["reconcile"],
-        history=tuple(row["history"]),
+        holder=row["holder"] or "",
+        holder_since_ms=row["holder_since_ms"] or 0,
+        check_lock_ms=row["check_lock_ms"] or 0,
+        last_check_ms=row["last_check_ms"] or 0,
+        reconcile=row["reconcile"] or {},
+        history=tuple(row["history"] or ()),
         delivery=row["delivery"],
         attempts=row["attempts"],
         due_ms=row["due_ms"],
-        last_attempt=row["last_attempt"],
+        last_attempt=row["last_attempt"] or {},
         token="" if sealed is None else store.read_token(digest, sealed),
     )
 
