@@ -5,9 +5,9 @@ as each Redis one is a Lua script (lua/): conditional on the state and the run i
 timed by the database's clock (`gateway_now_ms()`: clock_timestamp()), and safe to run
 twice. Loading expands three names: `@prefix` and `@channel` (this store's prefix and
 NOTIFY channel, as SQL literals) and `@record(x)` (the columns a Record is read from,
-RECORD_COLUMNS, of table alias x, or of a composite value `(c.rec)`). A statement retried after a lost connection may
-already have run: every one of them recognises its own earlier effect (the contract's
-"safe to repeat").
+RECORD_COLUMNS, of table alias x or of a composite value `(c.rec)`). A statement
+retried after a lost connection may already have run: every one of them recognises its
+own earlier effect (the contract's "safe to repeat").
 
 `Database` owns the pool: a bounded call (statement_timeout on the server, the same
 deadline on the client), one retry on a lost connection, StoreError for everything

@@ -54,9 +54,7 @@ MUTANTS = [
         path=TAKE,
         old="                CONTINUE WHEN NOT FOUND;  -- it moved meanwhile: read it again\n",
         new="",
-        tests=(
-            f"{POSTGRES}::test_a_duplicate_whose_key_completes_under_it_replays_the_response",
-        ),
+        tests=(f"{POSTGRES}::test_a_duplicate_whose_key_completes_under_it_replays_the_response",),
         breaks="a duplicate whose key completed between its read and its `waiting` mark "
         "answers with an empty record instead of the response",
     ),
