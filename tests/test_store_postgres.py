@@ -217,6 +217,49 @@ async def test_a_duplicate_whose_key_completes_under_it_replays_the_response(
     assert found.response == RESPONSE
 
 
+# -- the pool (postgres_pool.py) -----------------------------------------------------
+
+
+async def test_the_pool_opens_at_most_max_connections_and_serves_every_waiter(
+    postgres_database: PostgresServer,
+) -> None:
+    prefix = unique("pool") + ":"
+    store = PostgresStore(StoreConfig(url=postgres_database.url, prefix=prefix, max_connections=2))
+    try:
+
+        async def backend() -> int:
+            await asyncio.sleep(0)
+            pid = await store.db.call(
+                lambda conn: conn.fetchval("SELECT pg_backend_pid() FROM pg_sleep(0.02)"), "pid"
+            )
+            return int(pid)
+
+        pids = await asyncio.gather(*(backend() for _ in range(20)))
+        assert len(set(pids)) == 2 and store.db.pool().size == 2, pids
+    finally:
+        await store.close()
+
+
+async def test_a_connection_left_in_a_transaction_is_never_lent_again(
+    postgres_database: PostgresServer,
+) -> None:
+    """Whatever left a transaction open on a connection (a call cut short between its
+    statements), the next call must not run inside it: its claim would never commit."""
+    prefix = unique("pool") + ":"
+    store = PostgresStore(StoreConfig(url=postgres_database.url, prefix=prefix, max_connections=1))
+    try:
+        await store.db.call(lambda conn: conn.execute("BEGIN"), "begin")
+        r = ref()
+        assert await store.claim(r, "run-1", "fp", 30) is None
+        rows = postgres_database.sql(
+            "SELECT run_id FROM gateway_records"
+            f" WHERE prefix = '{prefix}' AND digest = '{r.digest}'"
+        )
+        assert rows == [("run-1",)]  # committed: another session sees it
+    finally:
+        await store.close()
+
+
 # -- expiry: reads, the reaper --------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ CONTRACT = "tests/test_store_contract.py"
 POSTGRES = "tests/test_store_postgres.py"
 
 TAKE = "gateway/store/sql/003_take_function.sql"
+POOL = "gateway/store/postgres_pool.py"
 
 # The claim's rule of a free key (gateway_free), which gateway_take asks of the row its
 # read saw and, in the conflict's WHERE, of the row its write locked. Without it a
@@ -79,5 +80,37 @@ MUTANTS = [
         tests=(f"{POSTGRES}::test_the_reaper_deletes_expired_settled_records_and_nothing_open",),
         breaks="the reaper deletes unresolved, parked and dead in-flight records: their keys "
         "run again and nobody is left to reconcile them",
+    ),
+    Mutant(
+        name="pg-pool-unbounded",
+        path=POOL,
+        old="            if self.size < self._max:\n",
+        new="            if True:\n",
+        tests=(f"{POSTGRES}::test_the_pool_opens_at_most_max_connections_and_serves_every_waiter",),
+        breaks="a burst opens a connection per concurrent call, past store.max_connections "
+        "(and the database's max_connections)",
+    ),
+    Mutant(
+        name="pg-pool-waiters-never-served",
+        path=POOL,
+        old="""        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+""",
+        new="",
+        tests=(f"{POSTGRES}::test_the_pool_opens_at_most_max_connections_and_serves_every_waiter",),
+        breaks="calls queued for a connection wait until they time out although "
+        "connections come back idle",
+    ),
+    Mutant(
+        name="pg-pool-lends-an-open-transaction",
+        path=POOL,
+        old="conn.is_closed() or conn.is_in_transaction():",
+        new="conn.is_closed():",
+        tests=(f"{POSTGRES}::test_a_connection_left_in_a_transaction_is_never_lent_again",),
+        breaks="a connection left inside a transaction is lent again: the next claim runs "
+        "in it and never commits",
     ),
 ]

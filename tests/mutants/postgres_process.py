@@ -96,13 +96,4 @@ MUTANTS = [
         ),
         breaks="two replicas picking at once take the same queued item: it is delivered twice",
     ),
-    Mutant(
-        name="pg-pool-reset-query",
-        path=SQL,
-        old="                reset=_keep_session,\n",
-        new="",
-        tests=("tests/test_store_round_trips.py::test_first_request_two_round_trips_replay_one",),
-        breaks="every store call on PostgreSQL costs a second round trip (asyncpg's reset "
-        "query): 4 per first request, 2 per replay",
-    ),
 ]
