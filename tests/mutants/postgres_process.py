@@ -77,15 +77,6 @@ MUTANTS = [
         "upstream without a claim",
     ),
     Mutant(
-        name="pg-crash-leaves-500s",
-        path=SQL,
-        old="    asyncpg.InternalClientError,\n)",
-        new=")",
-        tests=(FAULTS + "test_database_crashes_under_load_give_store_errors_only",),
-        breaks="after a database crash a pooled connection left mid-operation answers a "
-        "500 instead of a 503",
-    ),
-    Mutant(
         name="pg-pick-not-locked",
         path="gateway/store/sql/pick.sql",
         old=_PICK_LOCKS,
