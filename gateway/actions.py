@@ -135,14 +135,22 @@ async def overview(gateway: Gateway) -> dict[str, Any]:
     """Per route: open keys by state with the oldest's age, queued and retrying
     deliveries, and the last success's age; and whether the store answered. The
     figures are the gauges' (`idempotency_gateway_keys`, `_oldest_key_age_seconds`,
-    `_queue_depth`), read from the store, so every replica shows the same. The last
-    success is this process's own (`_last_success_timestamp_seconds`: the store
-    keeps no such time), null before its first."""
+    `_queue_depth`), read from the store, so every replica shows the same.
+
+    The last success is the more recent of two: the store's (`Store.last_successes`:
+    a keyed request or delivery any replica completed below 500) and this process's
+    gauge (`_last_success_timestamp_seconds`: any answer below 500 it forwarded,
+    which adds what the store never sees: routes without keys, requests without
+    one, statuses the route does not cache, requests past a store that was down).
+    So replicas agree on keyed routes, and a route the store never saw still shows
+    this replica's own. Null before either; this process's alone (perhaps null)
+    while the store does not answer."""
     store: dict[str, Any] = {"reachable": True, "error": None}
-    stats, queues = [], []
+    stats, queues, successes = [], [], {}
     try:
         stats = await gateway.store.stats()
         queues = await gateway.store.queue_stats()
+        successes = await gateway.store.last_successes()
     except StoreError as exc:
         store = {"reachable": False, "error": str(exc)}
     configured = {r.name: r for r in gateway.config.routes}
@@ -165,7 +173,9 @@ async def overview(gateway: Gateway) -> dict[str, Any]:
             if is_async and store["reachable"]
             else None,
             "max_queued": route.delivery.max_queued if is_async and route is not None else None,
-            "last_success_age_seconds": gateway.metrics.last_success_age(name),
+            "last_success_age_seconds": _latest(
+                successes.get(name), gateway.metrics.last_success_age(name)
+            ),
         }
     for stat in stats:
         keys = rows[stat.route]["keys"]
@@ -180,6 +190,12 @@ async def overview(gateway: Gateway) -> dict[str, Any]:
             "oldest_wait_seconds": round(queue.oldest_wait_seconds, 3),
         }
     return {"store": store, "routes": list(rows.values())}
+
+
+def _latest(*ages: float | None) -> float | None:
+    """The youngest of the ages known (None if none is)."""
+    known = [age for age in ages if age is not None]
+    return round(min(known), 3) if known else None
 
 
 def locate(gateway: Gateway, route: str, key: str, digest: str | None = None) -> KeyRef:

@@ -147,7 +147,7 @@ def _print_overview(doc: dict[str, Any]) -> None:
         cells.append(f"{queue['queued']}" if queue else "-")
         cells.append(f"{queue['retrying']}" if queue else "-")
         since = row["last_success_age_seconds"]
-        cells.append("never (here)" if since is None else f"{_age(since)} ago")
+        cells.append("never" if since is None else f"{_age(since)} ago")
         rows.append(cells)
     header = ["ROUTE", "UNRESOLVED", "PARKED", "CLAIMED", "QUEUED", "RETRYING", "LAST SUCCESS"]
     print(_table(rows, header))

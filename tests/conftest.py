@@ -19,7 +19,13 @@ from gateway.store.postgres_schema import migrate
 from gateway.store.redis import RedisStore
 from tests.support.ledger import LEDGER, Ledger
 from tests.support.postgres import PostgresServer
-from tests.support.servers import ROOT, Process, RedisServer, upstream_server
+from tests.support.servers import (
+    ROOT,
+    Process,
+    RedisServer,
+    kill_what_this_test_started,
+    upstream_server,
+)
 from tests.support.topologies import ClusterSetup
 
 #: The browser fixtures (`browser`, `tabs`) for the console's tests.
@@ -29,6 +35,13 @@ pytest_plugins = ["tests.support.browser"]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_running() -> Iterator[None]:
+    """Kills the processes the test registered with `for_this_test`."""
+    yield
+    kill_what_this_test_started()
 
 
 @pytest.fixture(scope="session")

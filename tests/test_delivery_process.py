@@ -17,7 +17,6 @@ import asyncio
 import json
 import signal
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from gateway.store import open_store
 from tests.conftest import unique, upstream_count
 from tests.support.ledger import Ledger
 from tests.support.records import StoreServer
-from tests.support.servers import Process, RedisServer, free_port, gateway_process
+from tests.support.servers import Process, RedisServer, for_this_test, free_port, gateway_process
 from tests.support.topologies import ClusterSetup
 
 pytestmark = [pytest.mark.anyio, pytest.mark.process, pytest.mark.redis]
@@ -48,17 +47,6 @@ PATH = "/jobs/send-invoices"
 STORE = {"socket_timeout": "200ms", "connect_timeout": "200ms"}
 PG_STORE = {"socket_timeout": "1s", "connect_timeout": "1s"}
 AOF_ALWAYS = ("--appendonly", "yes", "--appendfsync", "always")
-
-#: Gateways the running test started; whatever still runs when it ends is killed, so a
-#: broken build (scripts/mutants) does not leave processes holding ports and CPU.
-_STARTED: list[Process] = []
-
-
-@pytest.fixture(autouse=True)
-def _no_gateway_left() -> Iterator[None]:
-    yield
-    while _STARTED:
-        _STARTED.pop().kill()
 
 
 class Site:
@@ -119,7 +107,7 @@ class Site:
         path = self.tmp_path / f"gateway-{port}.yaml"
         path.write_text(yaml.safe_dump(config))
         gateway = gateway_process(path, port)
-        _STARTED.append(gateway)
+        for_this_test(gateway)
         return gateway.start() if start else gateway
 
     async def record(self, key: str) -> Record | None:

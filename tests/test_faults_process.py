@@ -43,6 +43,7 @@ from tests.support.records import read_record
 from tests.support.servers import (
     Process,
     RedisServer,
+    for_this_test,
     free_port,
     gateway_process,
     wait_for_port,
@@ -83,19 +84,6 @@ def blackhole() -> Iterator[int]:
         listener.close()
 
 
-#: Gateways the running test started; whatever still runs when it ends is killed.
-_STARTED: list[Process] = []
-
-
-@pytest.fixture(autouse=True)
-def _no_gateway_left() -> Iterator[None]:
-    """A test that fails midway (a broken build, see scripts/mutants) must not leave
-    its gateways running: they would hold ports and CPU for the rest of the session."""
-    yield
-    while _STARTED:
-        _STARTED.pop().kill()
-
-
 @dataclass
 class Setup:
     config: Path
@@ -107,7 +95,7 @@ class Setup:
 
     def gateway(self) -> Process:
         gateway = gateway_process(self.config, self.port).start()
-        _STARTED.append(gateway)
+        for_this_test(gateway)
         wait_for_port(self.admin_port, gateway.proc)
         return gateway
 

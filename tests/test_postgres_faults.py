@@ -36,7 +36,13 @@ from gateway.store.postgres import PostgresStore
 from tests.conftest import migrate_database, unique, upstream_count
 from tests.support.ledger import Ledger
 from tests.support.postgres import DATABASE, PostgresServer
-from tests.support.servers import Process, free_port, gateway_process, wait_for_port
+from tests.support.servers import (
+    Process,
+    for_this_test,
+    free_port,
+    gateway_process,
+    wait_for_port,
+)
 from tests.test_faults_process import Verdict, tally, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -48,17 +54,6 @@ OPEN = (State.IN_FLIGHT, State.UNRESOLVED)
 #: before its first commit wait for one another (each locks the row). Lease =
 #: upstream_timeout + 7 s.
 STORE_TIMEOUT = "1s"
-
-#: Gateways the running test started; whatever still runs when it ends is killed, so a
-#: broken build (scripts/mutants) does not leave processes holding ports and CPU.
-_STARTED: list[Process] = []
-
-
-@pytest.fixture(autouse=True)
-def _no_gateway_left() -> Iterator[None]:
-    yield
-    while _STARTED:
-        _STARTED.pop().kill()
 
 
 @contextlib.contextmanager
@@ -159,7 +154,7 @@ class Site:
         path.write_text(yaml.safe_dump(config))
         gateway = gateway_process(path, port)
         self.admin[port] = admin_port
-        _STARTED.append(gateway)
+        for_this_test(gateway)
         gateway.start()
         wait_for_port(admin_port, gateway.proc)
         return gateway

@@ -253,7 +253,7 @@ def test_record_names_are_hashed_and_tagged(ledger: Ledger) -> None:
             # user's key never reaches a Redis name.
             indexes = [tag + "i:" + s for s in ("in_flight", "unresolved", "parked", "claimed")]
             due = [tag + "i:queued:" + route, tag + "i:retrying:" + route]
-            rest = [tag + "qr", tag + "rq:" + digest]
+            rest = [tag + "qr", tag + "rq:" + digest, tag + "ls"]
             assert keys == [tag + digest, *indexes, *due, *rest] and channel == tag + "c"
 
         try:

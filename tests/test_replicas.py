@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -319,3 +320,80 @@ async def test_access_log_is_json_lines_without_secrets(
     assert secret["key"].startswith("sha256:")
     for forbidden in (secret_key, "4242424242424242", "top-secret-token", "Bearer"):
         assert forbidden not in output
+
+
+@pytest.mark.parametrize("kind", ["redis", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_success_through_one_replica_shows_in_the_others_overview(
+    tmp_path: Path, upstream: Process, request: pytest.FixtureRequest, kind: str
+) -> None:
+    """Replica A forwards a keyed request (200): replica B, which forwarded nothing,
+    shows the route's last success in its overview (the API and the console page),
+    read from the store. A's unkeyed request never reaches the store: only A shows it
+    (its own gauge), which is the overview's fallback."""
+    server: Any = request.getfixturevalue(
+        "redis_server" if kind == "redis" else "postgres_database"
+    )
+    store = {"url": server.url, "prefix": unique("ls") + ":"}
+    routes = [
+        {
+            "name": "send-reminder",
+            "match": {"methods": ["POST"], "path": "/jobs/send-reminder"},
+            "upstream": upstream.url,
+            "key": {"body": "job_key"},
+        },
+        {
+            "name": "ping",
+            "match": {"methods": ["POST"], "path": "/jobs/ping"},
+            "upstream": upstream.url,
+        },
+    ]
+    env = {"OPS_TOKEN": "ops-" + "x" * 24, "CONSOLE_SECRET": "s" * 32}
+    replicas = []
+    try:
+        for _ in range(2):
+            path, port, admin_port = config_file(tmp_path, upstream, store, routes)
+            doc = yaml.safe_load(path.read_text())
+            doc["admin"] |= {
+                "operators": [{"name": "olga", "role": "viewer", "token_env": "OPS_TOKEN"}],
+                "session_secret_env": "CONSOLE_SECRET",
+            }
+            path.write_text(yaml.safe_dump(doc))
+            replicas.append((gateway_process(path, port, env=env).start(), admin_port))
+            wait_for_port(admin_port)
+        (a, a_admin), (_, b_admin) = replicas
+        async with httpx.AsyncClient(timeout=10) as client:
+            base = f"http://127.0.0.1:{a.port}/jobs/"
+            answer = await client.post(base + "send-reminder", json={"job_key": unique("ls")})
+            assert answer.status_code == 200, answer.text
+            assert (await client.post(base + "ping", json={})).status_code == 200
+
+            async def ages(admin_port: int) -> dict[str, Any]:
+                doc = (
+                    await client.get(
+                        f"http://127.0.0.1:{admin_port}/admin/overview",
+                        headers={"Authorization": "Bearer t"},
+                    )
+                ).json()
+                assert doc["store"]["reachable"], doc
+                return {row["route"]: row["last_success_age_seconds"] for row in doc["routes"]}
+
+            on_b, on_a = await ages(b_admin), await ages(a_admin)
+            assert on_b["send-reminder"] is not None and on_b["send-reminder"] >= 0, on_b
+            assert on_b["ping"] is None and on_a["ping"] is not None, (on_a, on_b)
+            # B's console page says so too, signed in as a viewer.
+            console = f"http://127.0.0.1:{b_admin}/console"
+            headers = {"Origin": f"http://127.0.0.1:{b_admin}"}
+            signed = await client.post(
+                console + "/signin",
+                data={"token": env["OPS_TOKEN"], "next": "/console/"},
+                headers=headers,
+            )
+            assert signed.status_code == 303, signed.text
+            page = (await client.get(console + "/", headers=headers)).text
+            row = re.search(r'<tr data-route="send-reminder">.*?</tr>', page, re.S)
+            assert row is not None and "none yet" not in row[0] and " ago<" in row[0], page
+            row = re.search(r'<tr data-route="ping">.*?</tr>', page, re.S)
+            assert row is not None and "none yet" in row[0], page
+    finally:
+        for process, _ in replicas:
+            process.stop()

@@ -4,6 +4,7 @@ of Store promises."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -13,7 +14,7 @@ import redis.asyncio as aioredis
 from gateway.records import KeyRef, State, StoredRequest, StoredResponse
 from gateway.store.base import ExpiredPolicy, PickResult, Store
 from gateway.store.notices import Due
-from gateway.store.redis import RedisStore
+from gateway.store.redis import RedisStore, _bucket
 from tests.conftest import ALL_STORES, unique
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("store_kind", ALL_STORES)]
@@ -803,3 +804,63 @@ async def test_delivery_notices_are_heard_only_while_a_worker_listens(
             assert await due_subscribers(fresh) == 0
     finally:
         await fresh.close()
+
+
+# -- the last success per route ---------------------------------------------------------
+
+
+def on_route(route: str, avoid: KeyRef | None = None) -> KeyRef:
+    """A fresh key of `route`, in another Redis bucket than `avoid`'s record."""
+    while True:
+        r = KeyRef(ref().digest, route, unique("key"))
+        if avoid is None or _bucket(r.digest) != _bucket(avoid.digest):
+            return r
+
+
+async def test_last_success_is_a_completion_below_500(store: Store) -> None:
+    """Only a completion that took effect with a status below 500 counts: a stored 503,
+    a stale run's refused completion, a release, a check's and an operator's "done"
+    do not (no upstream answered a forward there)."""
+    assert await store.last_successes() == {}
+    failed, stale, checked, by_hand = (on_route(n) for n in ("a", "b", "c", "d"))
+    for r in (failed, stale, checked, by_hand):
+        await store.claim(r, "run-1", "fp", 30)
+    assert await store.complete(failed, "run-1", StoredResponse(503, (), b"down"), 60)
+    assert not await store.complete(stale, "run-2", RESPONSE, 60)
+    assert await store.release(stale, "run-1", 60, "test")
+    for r in (checked, by_hand):
+        assert await store.mark_unresolved(r, "run-1", "read timeout", park=r is by_hand)
+    assert await store.begin_check(checked, "run-1", 30, 0)
+    after = await store.end_check(checked, "run-1", "done", {"status": 200}, RESPONSE, 60, 3600)
+    assert after == "completed"
+    assert (await store.operator_claim(by_hand, "alice", force=False)).ok
+    assert (await store.operator_resolve(by_hand, "alice", "done", "paid", RESPONSE, 60)).ok
+    assert await store.last_successes() == {}
+    late = on_route("e")  # a late answer to an unresolved key is still the upstream's
+    await store.claim(late, "run-1", "fp", 30)
+    assert await store.mark_unresolved(late, "run-1", "read timeout")
+    assert await store.complete(late, "run-1", StoredResponse(404, (), b""), 60)
+    delivered = on_route("f")
+    assert (await store.accept(delivered, "run-a", "fp", REQUEST, TOKEN)).outcome == "queued"
+    assert (await picked(store, delivered)).record is not None
+    assert await store.complete(delivered, "run-1", RESPONSE, 60, {"result": "completed"})
+    ages = await store.last_successes()
+    assert sorted(ages) == ["e", "f"] and all(age >= 0 for age in ages.values()), ages
+
+
+async def test_last_success_is_the_latest_of_every_part_of_the_store(store: Store) -> None:
+    """Two successes of one route, recorded in two Redis buckets (on a Cluster, perhaps
+    two masters) more than a second apart (PostgreSQL keeps the time to the second):
+    the age is the second's, on every store."""
+    first = on_route("r")
+    second = on_route("r", avoid=first)
+    for r in (first, second):
+        await store.claim(r, "run-1", "fp", 30)
+    assert await store.complete(first, "run-1", RESPONSE, 60)
+    await asyncio.sleep(1.5)
+    started = time.monotonic()
+    assert await store.complete(second, "run-1", RESPONSE, 60)
+    age = (await store.last_successes())["r"]
+    # No more than the time since just before the second completion (to the ms of
+    # each clock): the first's age would be 1.5 s more.
+    assert 0 <= age <= time.monotonic() - started + 0.01, age

@@ -104,6 +104,40 @@ def test_migrate_is_versioned_idempotent_and_safe_from_two_replicas_at_once(
     assert database == "gateway"
 
 
+async def test_migrate_brings_a_version_1_database_to_the_last_success_table(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """A database a gateway of schema version 1 made: `run` refuses it naming the
+    command, `store migrate` applies the migrations after 1 (002 and on), and
+    completions then record the last success."""
+    url = fresh_database(postgres_server)
+    _sql(url, "CREATE TABLE gateway_schema (version integer PRIMARY KEY, name text NOT NULL,"
+              " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+    _sql(url, migrations()[0].sql)
+    _sql(url, "INSERT INTO gateway_schema (version, name) VALUES (1, 'initial')")
+    path = write_config(tmp_path, url)
+    run = gateway_command("run", "--config", str(path))
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 1 and f"version 1, and this gateway needs {VERSION}" in err, (
+        out,
+        err,
+    )
+    migrate = gateway_command("store", "migrate", "--config", str(path))
+    out, err = migrate.communicate(timeout=60)
+    after = ", ".join(f"{m.version:03d}_{m.name}" for m in migrations()[1:])
+    assert after.startswith("002_last_success")
+    assert migrate.returncode == 0 and f"applied {after};" in out, (out, err)
+    store = PostgresStore(StoreConfig(url=url, prefix=unique("t") + ":"))
+    await store.start()
+    try:
+        r = ref("send-reminder")
+        assert await store.claim(r, "run", "fp", 30) is None
+        assert await store.complete(r, "run", RESPONSE, 60)
+        assert list(await store.last_successes()) == ["send-reminder"]
+    finally:
+        await store.close()
+
+
 def _sql(url: str, query: str) -> list[tuple[Any, ...]]:
     import psycopg
 
@@ -207,7 +241,7 @@ async def test_a_duplicate_whose_key_completes_under_it_replays_the_response(
             await _waits_on_a_lock(postgres_database)  # read: in flight; mark: waits
             sealed = store.codec.encode(r.digest, RESPONSE)
             done = await other.fetchrow(
-                store.db.statements["complete"], r.digest, "run-1", sealed, 60000, "", None
+                store.db.statements["complete"], r.digest, "run-1", sealed, 60000, "", None, True
             )
             assert done is not None and done["ok"]
         found = await duplicate

@@ -18,7 +18,8 @@ other and with the model, and the promise's invariants must hold:
   never free, unless the route's policy is `release` and the key is not a delivery;
 - a delivery's request is stored exactly while it is unsettled; it is in the due
   index of its state while queued or retrying, and only `pick` starts an attempt,
-  never over the attempt limit.
+  never over the attempt limit;
+- a route has a last success exactly once a `complete` below 500 took effect on it.
 
 Time: leases are real, from the store's clock. A claim made with a short lease
 waits until the lease has surely run out, so the model knows it is expired from
@@ -124,6 +125,9 @@ class StoreStates(RuleBasedStateMachine):
         for store in self.stores:
             self.run(store.start())
         self.model: list[Model | None] = [None] * len(KEYS)
+        # Routes with a completion below 500: only `complete` makes one (a check's or
+        # an operator's "done" is no answer of the upstream's to a forward).
+        self.succeeded: set[str] = set()
         # What each store showed after the previous step, and the step since.
         self.seen: list[list[Any]] = [[None] * len(KEYS) for _ in self.stores]
         self.step = ""
@@ -279,12 +283,12 @@ class StoreStates(RuleBasedStateMachine):
         )
 
     @precondition(lambda self: bool(self.eligible(State.IN_FLIGHT, State.UNRESOLVED)))
-    @rule(pick=picks, owner=st.booleans(), body=bodies)
-    def complete(self, pick: int, owner: bool, body: bytes) -> None:
+    @rule(pick=picks, owner=st.booleans(), body=bodies, status=st.sampled_from([200, 503]))
+    def complete(self, pick: int, owner: bool, body: bytes, status: int) -> None:
         i = self.pick(pick, State.IN_FLIGHT, State.UNRESOLVED)
         ref, before = KEYS[i], self.model[i]
         run = self.run_id(i, owner)
-        response = StoredResponse(200, (("x-run", run),), body)
+        response = StoredResponse(status, (("x-run", run),), body)
         ok = self.both("complete", lambda s: s.complete(ref, run, response, LONG))
         may = before is not None and owner and before.state in (State.IN_FLIGHT, State.UNRESOLVED)
         again = before is not None and owner and before.state is State.COMPLETED
@@ -294,6 +298,8 @@ class StoreStates(RuleBasedStateMachine):
             self.model[i] = Model(
                 State.COMPLETED, run, response=response, history=before.history, **_carry(before)
             )
+            if status < 500:
+                self.succeeded.add(ref.route)
         elif not again:
             self.counts.refused += 1
 
@@ -534,6 +540,9 @@ class StoreStates(RuleBasedStateMachine):
                     if m is not None and m.state in INDEXED
                 }
                 assert {r.digest: r.state for r in records} == want_open
+                successes = self.run(store.last_successes())
+                assert set(successes) == self.succeeded, (type(store).__name__, successes)
+                assert all(age >= 0 for age in successes.values()), successes
             listed = self.run(_indexes(store))
             for i, (ref, want) in enumerate(zip(KEYS, self.model, strict=True)):
                 got = self.run(store.get(ref))

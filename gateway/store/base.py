@@ -264,7 +264,9 @@ class Store(abc.ABC):
         or `unresolved` (a late answer is still the answer). Returns False, changing
         nothing, for any other run or state: a stale worker never overwrites a newer
         run, nor a record a person holds. Waiters are notified. A delivery's stored
-        request is deleted in the same step; `attempt` becomes its last attempt.
+        request is deleted in the same step; `attempt` becomes its last attempt. A
+        completion with a status below 500 is the route's last success (see
+        `last_successes`), written in the same step.
         """
 
     @abc.abstractmethod
@@ -449,6 +451,15 @@ class Store(abc.ABC):
         """Every record in these states (in_flight, unresolved, parked, claimed,
         queued, retrying), read from the indexes (deliveries: the due indexes), never
         by scanning the keyspace."""
+
+    @abc.abstractmethod
+    async def last_successes(self) -> dict[str, float]:
+        """Per route, seconds since its last success by the store's clock: the last
+        `complete` of a response below 500 (the upstream's answer to a forward or a
+        delivery: a check's or an operator's "done" is none), by any replica. A
+        route without one is absent. Reads only. PostgreSQL keeps it to the second (a
+        route's row is written at most once a second, so completions do not queue on
+        its lock); the other stores to the millisecond."""
 
     async def stats(self) -> list[StateCount]:
         """Count and oldest age per route of unresolved, parked and claimed records."""

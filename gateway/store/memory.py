@@ -35,6 +35,7 @@ class MemoryStore(MemoryDeliveries):
         self._index: dict[State, set[str]] = {state: set() for state in _INDEXED}
         self._expires: dict[str, int] = {}  # digest -> ms, for completed and released
         self._expiry_heap: list[tuple[int, str]] = []  # may hold stale entries
+        self._successes: dict[str, int] = {}  # route -> ms of its last success
 
     # -- helpers: the Lua library's equivalents ------------------------------------
 
@@ -220,7 +221,13 @@ class MemoryStore(MemoryDeliveries):
         if record.delivery and attempt is not None:
             record = replace(record, last_attempt=attempt)
         self._settle(record, State.COMPLETED, now, ttl, *events, response=kept, reason="")
+        if response.status < 500:
+            self._successes[record.route] = max(now, self._successes.get(record.route, 0))
         return True
+
+    async def last_successes(self) -> dict[str, float]:
+        now = _now_ms()
+        return {route: max(0, now - at) / 1000 for route, at in self._successes.items()}
 
     async def release(self, ref: KeyRef, run_id: str, ttl: float, reason: str) -> bool:
         now = _now_ms()

@@ -226,8 +226,9 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
         attempt: dict[str, Any] | None = None,
     ) -> bool:
         sealed = self.codec.encode(ref.digest, response)
+        success = response.status < 500
         row = await self.db.fetchrow(
-            "complete", ref.digest, run_id, sealed, _ms(ttl), response.origin, attempt
+            "complete", ref.digest, run_id, sealed, _ms(ttl), response.origin, attempt, success
         )
         return bool(row is not None and row["ok"])
 
@@ -472,6 +473,10 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
             StateCount(row["route"], State(row["state"]), row["count"], row["oldest_ms"] / 1000)
             for row in await self.db.fetch("stats")
         ]
+
+    async def last_successes(self) -> dict[str, float]:
+        rows = await self.db.fetch("last_successes")
+        return {row["route"]: row["age_ms"] / 1000 for row in rows}
 
 
 def _settled(now: int, ttl: float, *, state: str, response: bytes | None = None) -> dict[str, Any]:

@@ -81,7 +81,7 @@ def expand(sql: str, prefix: str, channel: str) -> str:
 _STATEMENTS = (
     "claim", "complete", "release", "unresolved", "expire", "get", "leases", "check_begin",
     "park", "locked", "stats", "reap", "accept", "pick", "retry", "request", "due",
-    "queue_stats",
+    "queue_stats", "last_successes",
 )  # fmt: skip
 
 

@@ -13,6 +13,8 @@ Layout, for a prefix `idem:` and a record digest `d` in bucket `b` (0..BUCKETS-1
     idem:{b}:m               a marker that never expires: if it vanishes, the bucket
                              lost its records (see check_reset)
     idem:{b}:rq:..., i:queued:..., i:retrying:..., qr    deliveries: see redis_delivery.py
+    idem:{b}:ls              hash: route -> ms of its last success completed in the
+                             bucket (last_successes reads every bucket's, takes the max)
 
 A member is `digest/route`. Everything a script touches shares the `{b}` hash tag,
 so the scripts run unchanged on Redis Cluster, and a bucket's indexes can be read
@@ -135,6 +137,7 @@ class RedisStore(RedisDeliveries, RedisNotices):
             f"{tag}i:retrying:{ref.route}",
             tag + "qr",
             tag + "rq:" + ref.digest,
+            tag + "ls",
         ]
         return keys, [f"{ref.digest}/{ref.route}", self._channels[bucket]]
 
@@ -313,8 +316,25 @@ class RedisStore(RedisDeliveries, RedisNotices):
                 _ms(ttl),
                 response.origin,
                 "" if attempt is None else attempt_json(attempt),
+                "1" if response.status < 500 else "",
             )
         )
+
+    async def last_successes(self) -> dict[str, float]:
+        try:
+            now = await self.client.time()
+            async with self.client.pipeline(transaction=False) as pipe:
+                for tag in self._tags:
+                    pipe.hgetall(tag + "ls")
+                buckets = await pipe.execute()
+        except RedisError as exc:
+            raise StoreError(f"redis read failed: {exc}") from exc
+        latest: dict[str, int] = {}
+        for bucket in buckets:
+            for route, at in bucket.items():
+                latest[text(route)] = max(int(at), latest.get(text(route), 0))
+        now_ms = now[0] * 1000 + now[1] // 1000
+        return {route: max(0, now_ms - at) / 1000 for route, at in latest.items()}
 
     async def release(self, ref: KeyRef, run_id: str, ttl: float, reason: str) -> bool:
         return bool(await self._run("release", ref, run_id, _ms(ttl), reason))

@@ -237,9 +237,9 @@ async def scripts(args: argparse.Namespace, redis_port: int, redis_pid: int) -> 
             await store.complete(ref, "run", response, 3600.0)
             return
         keys, head = store._keys(ref)
-        # The same KEYS and as many ARGV as claim (8) and complete (6) send.
+        # The same KEYS and as many ARGV as claim (8) and complete (8) send.
         await pipe.call("EVALSHA", trivial, len(keys), *keys, *head, *["x"] * 6)
-        await pipe.call("EVALSHA", trivial, len(keys), *keys, *head, *["x"] * 4)
+        await pipe.call("EVALSHA", trivial, len(keys), *keys, *head, *["x"] * 6)
 
     results: dict[str, list[tuple[float, float]]] = {"claim + complete": [], "return 1, twice": []}
     for _ in range(args.rounds):

@@ -52,7 +52,13 @@ MUTANTS = [
         path="gateway/store/lua/check_end.lua",
         old="elseif ARGV[4] == 'not_done' then",
         new="elseif ARGV[4] ~= 'done' then",
-        tests=(STATES,),
+        # The state machine reaches an inconclusive check on a sync key only for some
+        # of its (derandomized) sequences, and each rule added to it moves them: the
+        # contract test is the direct witness.
+        tests=(
+            "tests/test_store_contract.py::test_one_check_at_a_time_and_once_per_interval[redis]",
+            STATES,
+        ),
         breaks="an inconclusive check frees an unresolved key: resent blind",
     ),
     Mutant(

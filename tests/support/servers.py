@@ -123,6 +123,24 @@ class Process:
         return f"http://127.0.0.1:{self.port}"
 
 
+#: Processes started for the test that runs now (`for_this_test`). tests/conftest.py's
+#: autouse fixture kills whatever of them still runs when the test ends, so a test that
+#: fails midway (a broken build, see scripts/mutants) leaves no gateway holding ports
+#: and CPU for the rest of the session.
+_THIS_TEST: list[Process] = []
+
+
+def for_this_test(process: Process) -> Process:
+    """Register `process` to be killed when the running test ends; returns it."""
+    _THIS_TEST.append(process)
+    return process
+
+
+def kill_what_this_test_started() -> None:
+    while _THIS_TEST:
+        _THIS_TEST.pop().kill()
+
+
 def redis_binary() -> str:
     path = shutil.which("redis-server")
     if path is None:

@@ -4,14 +4,15 @@
 --   unresolved, parked and claimed members (by the time they entered the state),
 --   KEYS[6..7] the record's route's queued and retrying members (by due time),
 --   KEYS[8] the bucket's count of pending deliveries per route, KEYS[9] the record's
---   stored request (deliveries only; deleted when the key settles).
+--   stored request (deliveries only; deleted when the key settles), KEYS[10] the
+--   bucket's last success per route (written by complete.lua).
 -- ARGV[1] is the record's index member ("digest/route"), ARGV[2] its bucket's
 -- sharded channel `...:c` (same tag), so every script runs unchanged on Redis Cluster.
 local R = KEYS[1]
 local MEMBER, CHANNEL = ARGV[1], ARGV[2]
 local INDEX = {in_flight = KEYS[2], unresolved = KEYS[3], parked = KEYS[4], claimed = KEYS[5],
   queued = KEYS[6], retrying = KEYS[7]}
-local QR, RQ = KEYS[8], KEYS[9]
+local QR, RQ, LS = KEYS[8], KEYS[9], KEYS[10]
 local ROUTE = string.sub(MEMBER, (string.find(MEMBER, '/', 1, true) or 0) + 1)
 local PENDING = {queued = true, retrying = true}
 

@@ -1,10 +1,12 @@
 -- The record's hash fields (s, r, l, resp, ...): see FIELDS in gateway/store/redis_record.py.
 -- Store the response of the run that owns the key, in flight or unresolved (a late
 -- answer is still the answer). ARGV: member, channel, run_id, response, ttl_ms, origin,
--- attempt (JSON, or ''). Returns 1 when the record is (now) completed by this run,
--- else 0: nothing changes. Every first request runs this, so it reads the record once
--- (HMGET) and does what settle() and notify() do inline: 6 commands where the
--- helpers take 11 (a delivery's adds deleting its request and its last attempt).
+-- attempt (JSON, or ''), '1' if the status is below 500 (the route's last success,
+-- kept per bucket in LS; the response itself may be sealed) else ''. Returns 1 when
+-- the record is (now) completed by this run, else 0: nothing changes. Every first
+-- request runs this, so it reads the record once (HMGET) and does what settle() and
+-- notify() do inline: 6 commands where the helpers take 11 (a success adds reading
+-- and writing LS; a delivery's, deleting its request and its last attempt).
 local rec = redis.call('HMGET', R, 's', 'r', 'h', 'w', 'f', 'dl')
 local state = rec[1]
 if not state or rec[2] ~= ARGV[3] then return 0 end
@@ -21,6 +23,10 @@ redis.call('PEXPIRE', R, ARGV[5])
 if rec[6] then
   redis.call('DEL', RQ)
   if ARGV[7] ~= '' then redis.call('HSET', R, 'la', ARGV[7]) end
+end
+if ARGV[8] == '1' then  -- newer only: a master's clock may step back (a failover)
+  local seen = redis.call('HGET', LS, ROUTE)
+  if not seen or tonumber(seen) < now then redis.call('HSET', LS, ROUTE, now) end
 end
 if rec[4] then  -- someone waits (see notify): the notice carries the response
   redis.call('SPUBLISH', CHANNEL, MEMBER .. '\n' .. rec[5] .. '\n' .. ARGV[4])

@@ -1,0 +1,65 @@
+"""The last success per route (Store.last_successes, the overview's column), broken
+one store at a time: not written, written for a 5xx, the buckets' max taken wrong, a
+row never refreshed; and the overview not reading it."""
+
+from tests.mutants import Mutant
+
+C = "tests/test_store_contract.py::"
+BELOW_500 = C + "test_last_success_is_a_completion_below_500"
+LATEST = C + "test_last_success_is_the_latest_of_every_part_of_the_store"
+REPLICAS = "tests/test_replicas.py::test_a_success_through_one_replica_shows_in_the_others_overview"
+
+MUTANTS = [
+    Mutant(
+        name="redis-last-success-not-written",
+        path="gateway/store/lua/complete.lua",
+        old="if ARGV[8] == '1' then",
+        new="if false then",
+        tests=(BELOW_500 + "[redis]", REPLICAS + "[redis]"),
+        breaks="a Redis completion writes no last success: another replica's overview says "
+        "none yet while the route succeeds",
+    ),
+    Mutant(
+        name="redis-last-success-for-a-5xx",
+        path="gateway/store/redis.py",
+        old='"1" if response.status < 500 else ""',
+        new='"1"',
+        tests=(BELOW_500 + "[redis]",),
+        breaks="a stored 503 counts as the route's last success on Redis, hiding an outage",
+    ),
+    Mutant(
+        name="redis-last-success-oldest-bucket",
+        path="gateway/store/redis.py",
+        old="latest[text(route)] = max(int(at), latest.get(text(route), 0))",
+        new="latest[text(route)] = min(int(at), latest.get(text(route), int(at)))",
+        tests=(LATEST + "[redis]", LATEST + "[cluster]"),
+        breaks="the last success read over Redis's buckets is the oldest bucket's, not the "
+        "latest: a working route looks stuck",
+    ),
+    Mutant(
+        name="postgres-last-success-not-inserted",
+        path="gateway/store/sql/complete.sql",
+        old="    WHERE $7 AND NOT EXISTS (",
+        new="    WHERE false AND NOT EXISTS (",
+        tests=(BELOW_500 + "[postgres]", REPLICAS + "[postgres]"),
+        breaks="a route's first success on PostgreSQL writes no row: its last success stays "
+        "none on every replica",
+    ),
+    Mutant(
+        name="postgres-last-success-never-refreshed",
+        path="gateway/store/sql/complete.sql",
+        old="s.at_ms < t.now - 1000",
+        new="s.at_ms < 0",
+        tests=(LATEST + "[postgres]",),
+        breaks="a route's row on PostgreSQL keeps its first success: the age grows while "
+        "the route keeps succeeding",
+    ),
+    Mutant(
+        name="overview-last-success-not-from-the-store",
+        path="gateway/actions.py",
+        old="                successes.get(name), gateway.metrics",
+        new="                None, gateway.metrics",
+        tests=(REPLICAS + "[redis]", "tests/test_admin.py::test_overview_has_the_gauges_figures"),
+        breaks="the overview shows this replica's own last success only, so replicas disagree",
+    ),
+]
