@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 import yaml
@@ -99,7 +100,7 @@ def test_migrate_is_versioned_idempotent_and_safe_from_two_replicas_at_once(
     assert again.returncode == 0 and "nothing to do" in out, (out, err)
     [(database,)] = postgres_server.sql("SELECT current_database()")  # the session's
     rows = _sql(url, "SELECT version, name FROM gateway_schema ORDER BY version")
-    assert rows == [(1, "initial"), (2, "last_success")] and VERSION == 2
+    assert rows == [(m.version, m.name) for m in migrations()] and rows[-1][0] == VERSION
     assert database == "gateway"
 
 
@@ -107,8 +108,8 @@ async def test_migrate_brings_a_version_1_database_to_the_last_success_table(
     postgres_server: PostgresServer, tmp_path: Path
 ) -> None:
     """A database a gateway of schema version 1 made: `run` refuses it naming the
-    command, `store migrate` applies 002 alone, and completions then record the last
-    success."""
+    command, `store migrate` applies the migrations after 1 (002 and on), and
+    completions then record the last success."""
     url = fresh_database(postgres_server)
     _sql(url, "CREATE TABLE gateway_schema (version integer PRIMARY KEY, name text NOT NULL,"
               " applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
@@ -117,10 +118,15 @@ async def test_migrate_brings_a_version_1_database_to_the_last_success_table(
     path = write_config(tmp_path, url)
     run = gateway_command("run", "--config", str(path))
     out, err = run.communicate(timeout=60)
-    assert run.returncode == 1 and "version 1, and this gateway needs 2" in err, (out, err)
+    assert run.returncode == 1 and f"version 1, and this gateway needs {VERSION}" in err, (
+        out,
+        err,
+    )
     migrate = gateway_command("store", "migrate", "--config", str(path))
     out, err = migrate.communicate(timeout=60)
-    assert migrate.returncode == 0 and "applied 002_last_success;" in out, (out, err)
+    after = ", ".join(f"{m.version:03d}_{m.name}" for m in migrations()[1:])
+    assert after.startswith("002_last_success")
+    assert migrate.returncode == 0 and f"applied {after};" in out, (out, err)
     store = PostgresStore(StoreConfig(url=url, prefix=unique("t") + ":"))
     await store.start()
     try:
@@ -175,6 +181,117 @@ def test_migrate_on_a_store_without_a_schema_says_so(tmp_path: Path) -> None:
     done = gateway_command("store", "migrate", "--config", str(path))
     out, err = done.communicate(timeout=60)
     assert done.returncode == 0 and "no schema; nothing to do" in out, (out, err)
+
+
+# -- the claim's races (gateway_take, READ COMMITTED) ---------------------------------
+
+
+async def _waits_on_a_lock(server: PostgresServer) -> None:
+    """Until one of the store's sessions waits for a row lock (another session holds)."""
+    for _ in range(500):
+        rows = server.sql(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = 'idempotency-gateway' AND wait_event_type = 'Lock'"
+        )
+        if rows[0][0]:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the store's claim never waited for the other session's lock")
+
+
+async def test_a_claim_that_loses_the_race_for_a_new_key_answers_with_the_winner(
+    store: PostgresStore, postgres_database: PostgresServer
+) -> None:
+    """The READ COMMITTED pitfall: the claim's read sees no row, another session's claim
+    of the key commits, and the claim's INSERT then conflicts. It must not take the key
+    (the conflict's WHERE) nor come back empty: it reads again and answers with the
+    winner's record."""
+    r = ref()
+    winner = await asyncpg.connect(postgres_database.url)
+    try:
+        async with winner.transaction():
+            claim = store.db.statements["claim"]
+            won = await winner.fetchrow(claim, r.digest, r.route, r.key, "run-1", "fp", 30000, "")
+            assert won is not None and won["outcome"] == 1
+            loser = asyncio.create_task(store.claim(r, "run-2", "fp", 30))
+            await _waits_on_a_lock(postgres_database)  # read: nothing; INSERT: waits
+        found = await loser
+    finally:
+        await winner.close()
+    assert found is not None and found.state is State.IN_FLIGHT and found.run_id == "run-1"
+
+
+async def test_a_duplicate_whose_key_completes_under_it_replays_the_response(
+    store: PostgresStore, postgres_database: PostgresServer
+) -> None:
+    """A duplicate reads the key in flight and goes to mark it `waiting`; the run
+    completes first. The mark finds nothing to mark: the duplicate reads again and
+    replays the completed record, never half a record."""
+    r = ref()
+    assert await store.claim(r, "run-1", "fp", 30) is None
+    other = await asyncpg.connect(postgres_database.url)
+    try:
+        async with other.transaction():
+            await other.execute(
+                "SELECT 1 FROM gateway_records WHERE prefix = $1 AND digest = $2 FOR UPDATE",
+                store.prefix,
+                r.digest,
+            )
+            duplicate = asyncio.create_task(store.claim(r, "run-2", "fp", 30))
+            await _waits_on_a_lock(postgres_database)  # read: in flight; mark: waits
+            sealed = store.codec.encode(r.digest, RESPONSE)
+            done = await other.fetchrow(
+                store.db.statements["complete"], r.digest, "run-1", sealed, 60000, "", None, True
+            )
+            assert done is not None and done["ok"]
+        found = await duplicate
+    finally:
+        await other.close()
+    assert found is not None and found.state is State.COMPLETED
+    assert found.response == RESPONSE
+
+
+# -- the pool (postgres_pool.py) -----------------------------------------------------
+
+
+async def test_the_pool_opens_at_most_max_connections_and_serves_every_waiter(
+    postgres_database: PostgresServer,
+) -> None:
+    prefix = unique("pool") + ":"
+    store = PostgresStore(StoreConfig(url=postgres_database.url, prefix=prefix, max_connections=2))
+    try:
+
+        async def backend() -> int:
+            await asyncio.sleep(0)
+            pid = await store.db.call(
+                lambda conn: conn.fetchval("SELECT pg_backend_pid() FROM pg_sleep(0.02)"), "pid"
+            )
+            return int(pid)
+
+        pids = await asyncio.gather(*(backend() for _ in range(20)))
+        assert len(set(pids)) == 2 and store.db.pool().size == 2, pids
+    finally:
+        await store.close()
+
+
+async def test_a_connection_left_in_a_transaction_is_never_lent_again(
+    postgres_database: PostgresServer,
+) -> None:
+    """Whatever left a transaction open on a connection (a call cut short between its
+    statements), the next call must not run inside it: its claim would never commit."""
+    prefix = unique("pool") + ":"
+    store = PostgresStore(StoreConfig(url=postgres_database.url, prefix=prefix, max_connections=1))
+    try:
+        await store.db.call(lambda conn: conn.execute("BEGIN"), "begin")
+        r = ref()
+        assert await store.claim(r, "run-1", "fp", 30) is None
+        rows = postgres_database.sql(
+            "SELECT run_id FROM gateway_records"
+            f" WHERE prefix = '{prefix}' AND digest = '{r.digest}'"
+        )
+        assert rows == [("run-1",)]  # committed: another session sees it
+    finally:
+        await store.close()
 
 
 # -- expiry: reads, the reaper --------------------------------------------------------

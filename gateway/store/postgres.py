@@ -1,11 +1,13 @@
 """The PostgreSQL store: every state change is one SQL statement, one round trip.
 
 One row of `gateway_records` per record, keyed (prefix, digest), in the schema that
-`idempotency-gateway store migrate` creates (store/sql/001_initial.sql; the gateway
+`idempotency-gateway store migrate` creates (store/sql/0NN_*.sql; the gateway
 refuses a database without it). The statements are files in store/sql/, like the
-Redis scripts: the claim is `INSERT ... ON CONFLICT ... DO UPDATE ... WHERE` the key is
-free, returning the record, so claim-or-read is one round trip; completion, release
-and every other move are `UPDATE ... WHERE` the state and the run id still allow it.
+Redis scripts: the claim is a server-side function (gateway_take, migration 003) that
+reads the key and only when it is free takes it (`INSERT ... ON CONFLICT ... DO UPDATE
+... WHERE` free), so claim-or-read is one round trip and a replay writes nothing;
+completion, release and every other move are `UPDATE ... WHERE` the state and the run
+id still allow it.
 Commits are durable before the gateway forwards (synchronous_commit, as the server is
 configured), and time is the database's (`clock_timestamp()`), never a replica's.
 
@@ -184,13 +186,12 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
     # -- the request path -------------------------------------------------------
 
     async def _claim_or_read(self, name: str, ref: KeyRef, *args: Any) -> Any:
-        for _ in range(3):
-            row = await self.db.fetchrow(name, ref.digest, *args)
-            if row is not None or (name == "accept" and not args[6]):
-                return row
-            # A first claim committed after the statement's snapshot: it saw the
-            # conflict but not the row. The next statement's snapshot has it.
-        raise StoreError(f"postgresql {name} failed: the record changed under three reads")
+        # gateway_take reads again itself when a concurrent claim beat it, so only an
+        # accept with nothing admitted comes back empty.
+        row = await self.db.fetchrow(name, ref.digest, *args)
+        if row is None and name == "claim":
+            raise StoreError("postgresql claim failed: no record and no claim")
+        return row
 
     async def claim(
         self,

@@ -5,13 +5,13 @@ as each Redis one is a Lua script (lua/): conditional on the state and the run i
 timed by the database's clock (`gateway_now_ms()`: clock_timestamp()), and safe to run
 twice. Loading expands three names: `@prefix` and `@channel` (this store's prefix and
 NOTIFY channel, as SQL literals) and `@record(x)` (the columns a Record is read from,
-RECORD_COLUMNS, of table alias x). A statement retried after a lost connection may
-already have run: every one of them recognises its own earlier effect (the contract's
-"safe to repeat").
+RECORD_COLUMNS, of table alias x or of a composite value `(c.rec)`). A statement
+retried after a lost connection may already have run: every one of them recognises its
+own earlier effect (the contract's "safe to repeat").
 
-`Database` owns the pool: a bounded call (statement_timeout on the server, the same
-deadline on the client), one retry on a lost connection, StoreError for everything
-else, with the driver's message and never the connection string.
+`Database` owns the pool (postgres_pool.py): a bounded call (statement_timeout on the
+server, the same deadline on the client), one retry on a lost connection, StoreError
+for everything else, with the driver's message and never the connection string.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import re
 import ssl
 from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -30,6 +30,7 @@ import asyncpg
 from gateway.errors import StoreError
 from gateway.records import Record, State
 from gateway.store.base import Store
+from gateway.store.postgres_pool import Pool
 
 if TYPE_CHECKING:
     from gateway.config import StoreConfig
@@ -60,7 +61,7 @@ RETRIED = (
 #: 2 x socket_timeout (the pool's queue and the statement), then 503, as on Redis.
 FAILED = (*RETRIED, TimeoutError, asyncpg.PostgresError)
 
-_RECORD = re.compile(r"@record\((\w+)\)")
+_RECORD = re.compile(r"@record\((\w+|\(\w+\.\w+\))\)")
 
 
 def literal(text: str) -> str:
@@ -109,34 +110,21 @@ class Database:
         self.statements = {name: expand(sql_file(name), prefix, channel) for name in _STATEMENTS}
         self._max = max_connections
         self._on_connect = on_connect
-        self._pool: asyncpg.Pool | None = None
+        self._pool: Pool | None = None
 
     async def _setup(self, conn: asyncpg.Connection) -> None:
         await _init_connection(conn)
         if self._on_connect is not None:
             await self._on_connect(conn)
 
-    async def pool(self) -> asyncpg.Pool:
+    def pool(self) -> Pool:
         if self._pool is None:
-            # No connection at creation (min_size 0): the gateway starts while the
-            # database is down, and connections are opened, and kept, as calls need them.
-            pool = asyncpg.create_pool(
-                min_size=0,
-                max_size=self._max,
-                init=self._setup,
-                reset=_keep_session,
-                max_inactive_connection_lifetime=300,
-                **self.connect,
-            )
-            self._pool = await pool
+            self._pool = Pool(self.connect, self._max, self._setup)
         return self._pool
 
     async def close(self) -> None:
         if self._pool is not None:
-            try:
-                await asyncio.wait_for(self._pool.close(), 2)
-            except (TimeoutError, *FAILED):
-                self._pool.terminate()
+            await self._pool.close()
 
     async def fetch(self, name: str, *args: Any, what: str = "") -> list[asyncpg.Record]:
         return await self.call(lambda conn: conn.fetch(self.statements[name], *args), what or name)
@@ -148,20 +136,25 @@ class Database:
         """`work` on a pooled connection within the store's timeout, once more on a new
         connection if that one was lost; StoreError if it still fails."""
         retried = False
+        pool = self.pool()
         while True:
             try:
-                pool = await self.pool()
                 async with asyncio.timeout(self.timeout * 2):  # the pool's queue, too
-                    async with pool.acquire() as conn:
-                        try:
-                            # the pool's proxy forwards every method of the Connection
-                            return await work(cast(asyncpg.Connection, conn))
-                        except asyncpg.InternalClientError:
-                            # After a crash of the database asyncpg can hand back a
-                            # connection whose protocol is still mid-operation ("another
-                            # operation is in progress"): never pool it again.
-                            conn.terminate()
-                            raise
+                    conn = await pool.acquire()
+                    # Kept only after a result or the server's own error: a timeout, a
+                    # cancellation or a confused protocol ("another operation is in
+                    # progress", after a crash of the database) may leave it
+                    # mid-operation, and it is closed, never lent again.
+                    keep = False
+                    try:
+                        result = await work(conn)
+                        keep = True
+                        return result
+                    except asyncpg.PostgresError:
+                        keep = True
+                        raise
+                    finally:
+                        pool.release(conn, keep=keep)
             except RETRIED as exc:
                 if retried:
                     raise StoreError(f"postgresql {what} failed: {_message(exc)}") from None
@@ -180,15 +173,6 @@ class Database:
         return await self.call(run, what)
 
 
-async def _keep_session(conn: asyncpg.Connection) -> None:
-    """What a connection going back to the pool needs: nothing. asyncpg's default sends
-    `SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL;` each time, a
-    second round trip per store call (tests/test_store_round_trips.py counts them); the
-    store leaves no session state behind (advisory locks are transaction-scoped, LISTEN
-    has its own connection, nothing is SET), and asyncpg still rolls back an open
-    transaction before this runs."""
-
-
 def _message(exc: BaseException) -> str:
     """The driver's words, without a connection string (asyncpg never puts the password
     in a message; OSErrors name the address)."""
@@ -200,6 +184,8 @@ def _message(exc: BaseException) -> str:
 
 def decode_record(store: Store, digest: str, now: int, row: Any) -> Record:
     """The Record of a row holding RECORD_COLUMNS (by name), read at `now`."""
+    # gateway_take (003_take_function.sql) sends a field at its default as NULL,
+    # which costs no decoding (a jsonb field: no json.loads): the default here.
     raw, sealed = row["response"], row["token"]
     response, unreadable = (None, "") if raw is None else store.read_response(digest, raw)
     return Record(
@@ -214,18 +200,18 @@ def decode_record(store: Store, digest: str, now: int, row: Any) -> Record:
         lease_until_ms=row["lease_until_ms"],
         response=response,
         unreadable=unreadable,
-        reason=row["reason"],
+        reason=row["reason"] or "",
         since_ms=row["since_ms"],
-        holder=row["holder"],
-        holder_since_ms=row["holder_since_ms"],
-        check_lock_ms=row["check_lock_ms"],
-        last_check_ms=row["last_check_ms"],
-        reconcile=row["reconcile"],
-        history=tuple(row["history"]),
+        holder=row["holder"] or "",
+        holder_since_ms=row["holder_since_ms"] or 0,
+        check_lock_ms=row["check_lock_ms"] or 0,
+        last_check_ms=row["last_check_ms"] or 0,
+        reconcile=row["reconcile"] or {},
+        history=tuple(row["history"] or ()),
         delivery=row["delivery"],
         attempts=row["attempts"],
         due_ms=row["due_ms"],
-        last_attempt=row["last_attempt"],
+        last_attempt=row["last_attempt"] or {},
         token="" if sealed is None else store.read_token(digest, sealed),
     )
 

@@ -1,5 +1,6 @@
-"""Shared pieces of the benchmarks (clients.py, gateway.py): child processes, CPU pinning,
-nginx, wrk, readiness checks, a trivial Python upstream and table formatting.
+"""Shared pieces of the benchmarks (clients.py, gateway.py, delivery.py, postgres.py): child
+processes, CPU pinning, nginx, wrk, readiness checks, a trivial Python upstream, gateway.py's
+pieces for the benchmarks built on it, and table formatting.
 
 Every child is started in its own session and killed by process group (never by name), so a
 benchmark leaves nothing running after an exception, Ctrl-C or SIGTERM.
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 import http.client
 import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -18,13 +20,15 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import FrameType
+from types import FrameType, ModuleType
 from typing import Any
 
+HERE = Path(__file__).resolve().parent
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 20.0
 UPSTREAM_BODY = '{"ok":true}'
@@ -361,6 +365,57 @@ def create_upstream_app() -> Callable[..., Any]:
         await send({"type": "http.response.body", "body": body})
 
     return app
+
+
+# --------------------------------------------------------------------------- on gateway.py
+
+
+def bench_gateway() -> ModuleType:
+    """gateway.py (its redis-server, wrk script, client and MONITOR parsing), loaded once
+    under another name (its own name is the package's), for the benchmarks built on it."""
+    if "bench_gateway" in sys.modules:
+        return sys.modules["bench_gateway"]
+    spec = importlib.util.spec_from_file_location(
+        "bench_gateway", Path(__file__).with_name("gateway.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_gateway"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def gateway_env() -> dict[str, str]:
+    """The environment a gateway under test runs in: none of this shell's GATEWAY_*
+    settings, and no PYTHONPATH (`-m gateway` from its checkout finds its own package)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def start_upstream(
+    procs: Processes, port: int, cpu: int | None, path: str, body: bytes
+) -> subprocess.Popen[bytes]:
+    """The trivial upstream on `port`: nginx `return 200` when installed, else the Python
+    one (create_upstream_app); ready when it returns."""
+    nginx = nginx_binary()
+    if nginx is not None:
+        proc = start_nginx(procs, nginx, "upstream", nginx_upstream_body(port), cpu)
+    else:
+        argv = uvicorn_argv(sys.executable, "_harness:create_upstream_app", HERE, port)
+        proc = procs.start("upstream", pinned(cpu, [*argv, "--lifespan", "off"]))
+    wait_ready(procs, proc, port, path, body)
+    return proc
+
+
+def monitor_site(redis: Any, procs: Processes) -> Any:
+    """What gateway.py's Monitor reads from its bench object: the Redis and the processes."""
+    return type("MonitorSite", (), {"redis": redis, "procs": procs})()
+
+
+def wrk_errors(data: dict[str, Any]) -> int:
+    """Failed requests in a wrk_result: socket errors, statuses > 399 and timeouts."""
+    return sum(int(data[k]) for k in ("connect", "read", "write", "status", "timeout"))
 
 
 # --------------------------------------------------------------------------- formatting

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
@@ -57,7 +56,6 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import _harness as h
@@ -83,17 +81,7 @@ LAYOUTS: dict[str, dict[str, int | None]] = {
 WATCH = frozenset({"HGETALL", "ZRANGE", "ZCARD", "TIME"})
 
 
-def _bench_gateway() -> ModuleType:
-    """gateway.py, loaded under another name (its own name is the package's)."""
-    spec = importlib.util.spec_from_file_location("bench_gateway", HERE / "gateway.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_gateway"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bg = _bench_gateway()
+bg = h.bench_gateway()
 
 
 @dataclass
@@ -150,8 +138,7 @@ routes:
             str(self.config(port, max_deliveries)),
         ]
         argv += ["--log-level", "WARNING"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-        env.pop("PYTHONPATH", None)
+        env = h.gateway_env()
         argv = h.pinned(LAYOUTS[self.args.layout]["gateway"], argv)
         proc = self.procs.start(tag, argv, env=env, cwd=src)  # -m finds its gateway
         try:
@@ -215,7 +202,7 @@ def measure(site: Site, run: int, src: Path = REPO) -> Run:
             cpu, redis_cpu = h.cpu_seconds(pids), h.cpu_seconds(redis)
             data = site.wrk_run(port, path, mode, seconds, tag, cycle)
             n = int(data["requests"])
-            errors = sum(int(data[k]) for k in ("connect", "read", "write", "status", "timeout"))
+            errors = h.wrk_errors(data)
             if name == "replay":  # answers not replayed (wrk's last ones may go uncounted)
                 errors += max(0, n - int(data["replayed"]) - site.args.connections)
             got = (n, data["duration_us"], h.cpu_seconds(pids) - cpu)
@@ -257,7 +244,7 @@ def commands(site: Site, n: int) -> dict[str, Any]:
     gateway), then a delivering gateway drains those n deliveries."""
     site.redis.clients[0].flushdb()
     found: dict[str, Any] = {}
-    shim = type("B", (), {"redis": site.redis, "procs": site.procs})()
+    shim = h.monitor_site(site.redis, site.procs)
     with site.gateway("cmd-accepting", 0) as (port, _):
         client = bg.Client(port)
         for name, path in (("sync first request", SYNC_PATH), ("accepted request", ASYNC_PATH)):
@@ -328,17 +315,8 @@ def main(argv: list[str] | None = None) -> int:
             redis = bg.RedisServer(procs, cpus["redis"], work_dir)
             site = Site(args, procs, redis, work_dir, wrk)
             site.scripts = bg.lua_script_names(REPO)
-            nginx = h.nginx_binary()
             site.upstream_port = h.free_port()
-            if nginx is not None:
-                body = h.nginx_upstream_body(site.upstream_port)
-                up = h.start_nginx(procs, nginx, "upstream", body, cpus["redis"])
-            else:
-                argv = h.uvicorn_argv(
-                    sys.executable, "_harness:create_upstream_app", HERE, site.upstream_port
-                )
-                up = procs.start("upstream", [*argv, "--lifespan", "off"])
-            h.wait_ready(procs, up, site.upstream_port, SYNC_PATH, DEFAULT_BODY)
+            h.start_upstream(procs, site.upstream_port, cpus["redis"], SYNC_PATH, DEFAULT_BODY)
             trees = [REPO, *([Path(args.baseline_src).resolve()] if args.baseline_src else [])]
             runs: dict[Path, list[Run]] = {tree: [] for tree in trees}
             for run in range(args.runs):

@@ -10,7 +10,8 @@ redis-server (`--save "" --appendonly no`, as gateway.py runs it) and its own Po
 synchronous_commit on, the server's other settings at their defaults), one gateway
 process at a time, `wrk -t1 -c32`. The gateway's config is gateway.py's (one route,
 `key: {header: Idempotency-Key}`, `fingerprint: none`, the access log on); only
-`store.url` differs.
+`store.url` differs (and, with `--pg-connections N`, the PostgreSQL store's
+`max_connections`: by default the gateway's, 64 per process).
 
 Each run measures both stores, in alternating order (Redis first in even runs,
 PostgreSQL first in odd ones), each on a fresh gateway and an emptied store, with the
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -50,7 +50,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import _harness as h
@@ -79,17 +78,7 @@ BACKGROUND_SQL = frozenset(
 )  # fmt: skip
 
 
-def _bench_gateway() -> ModuleType:
-    """gateway.py, loaded under another name (its own name is the package's)."""
-    spec = importlib.util.spec_from_file_location("bench_gateway", HERE / "gateway.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_gateway"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bg = _bench_gateway()
+bg = h.bench_gateway()
 
 
 @dataclass
@@ -117,11 +106,15 @@ class Site:
     def url(self, store: str) -> str:
         return self.redis.url(0) if store == "redis" else self.pg.url
 
+    def pool_size(self, store: str) -> str:
+        n = self.args.pg_connections
+        return f", max_connections: {n}" if store == "postgres" and n else ""
+
     def config(self, store: str, port: int) -> Path:
         text = f"""\
 server: {{listen: "{h.HOST}:{port}", shutdown_grace: 1s}}
 admin: {{listen: "{h.HOST}:{h.free_port()}"}}
-store: {{url: "{self.url(store)}", prefix: "{PREFIX}"}}
+store: {{url: "{self.url(store)}", prefix: "{PREFIX}"{self.pool_size(store)}}}
 routes:
   - name: bench
     match: {{path: "/{{rest:path}}"}}
@@ -138,8 +131,7 @@ routes:
         port = h.free_port()
         argv = [sys.executable, "-m", "gateway", "run", "--config", str(self.config(store, port))]
         argv += ["--log-level", "WARNING"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-        env.pop("PYTHONPATH", None)
+        env = h.gateway_env()
         proc = self.procs.start(tag, argv, env=env, cwd=REPO)
         try:
             h.wait_ready(self.procs, proc, port, PATH, DEFAULT_BODY)
@@ -199,7 +191,7 @@ def measure(site: Site, store: str, run: int) -> dict[str, Measured]:
                 cpu_us=(h.cpu_seconds(gateway_pids) - cpu[0]) * 1e6 / n,
                 store_cpu_us=(h.cpu_seconds(after_store) - cpu[1]) * 1e6 / n,
                 replayed=int(data["replayed"]),
-                errors=sum(int(data[k]) for k in ("connect", "read", "write", "status", "timeout")),
+                errors=h.wrk_errors(data),
             )
             m = out[mode]
             print(
@@ -284,7 +276,7 @@ def commands(site: Site, n: int) -> dict[str, Any]:
             keys = [f"first-{tag}-{i}" for i in range(n)]
             for scenario, replay in (("first request", False), ("replay", True)):
                 if store == "redis":
-                    shim = type("B", (), {"redis": site.redis, "procs": site.procs})()
+                    shim = h.monitor_site(site.redis, site.procs)
                     with bg.Monitor(shim, f"monitor-{scenario.split()[0]}") as mon:
                         send(client, keys, replay)
                     parsed = bg.parse_monitor(mon.lines(), site.scripts)
@@ -334,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connections", type=int, default=32)
     p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     p.add_argument("--extras", default="commands", help="commands or none")
+    p.add_argument(
+        "--pg-connections", type=int, default=0, help="the PostgreSQL store's max_connections"
+    )
     p.add_argument("--commands-n", type=int, default=300)
     p.add_argument("--quick", action="store_true", help="1 run x 3 s, 100 requests for commands")
     p.add_argument("--json", default="")
@@ -357,17 +352,8 @@ def main(argv: list[str] | None = None) -> int:
             pg = start_postgres()
             site = Site(args, procs, bg.RedisServer(procs, None, work_dir), pg, work_dir, wrk)
             site.scripts = bg.lua_script_names(REPO)
-            nginx = h.nginx_binary()
             site.upstream_port = h.free_port()
-            if nginx is not None:
-                body = h.nginx_upstream_body(site.upstream_port)
-                up = h.start_nginx(procs, nginx, "upstream", body, None)
-            else:
-                argv_up = h.uvicorn_argv(
-                    sys.executable, "_harness:create_upstream_app", HERE, site.upstream_port
-                )
-                up = procs.start("upstream", [*argv_up, "--lifespan", "off"])
-            h.wait_ready(procs, up, site.upstream_port, PATH, DEFAULT_BODY)
+            h.start_upstream(procs, site.upstream_port, None, PATH, DEFAULT_BODY)
             for run in range(args.runs):
                 order = STORES if run % 2 == 0 else STORES[::-1]
                 runs.append({store: measure(site, store, run) for store in order})

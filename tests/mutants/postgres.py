@@ -5,42 +5,28 @@ from tests.mutants import Mutant
 CONTRACT = "tests/test_store_contract.py"
 POSTGRES = "tests/test_store_postgres.py"
 
-# The claim's two conditions: the snapshot's (a taken row is not touched) and the
-# conflict's (DO UPDATE only WHERE the row is free). Without them a claim takes
-# whatever is there: a completed key runs again, an in-flight one runs twice.
-_GUARD = "    WHERE NOT EXISTS (SELECT 1 FROM found WHERE NOT found.free)\n"
-_CLAIM = """\
-    ON CONFLICT (prefix, digest) DO UPDATE SET
-        route = excluded.route, key = excluded.key, state = 'in_flight',
-        run_id = excluded.run_id, fingerprint = excluded.fingerprint,
-        created_ms = excluded.created_ms, since_ms = excluded.since_ms,
-        lease_until_ms = excluded.lease_until_ms, expires_ms = NULL, response = NULL,
-        reason = '', holder = '', holder_since_ms = 0, check_lock_ms = 0, check_token = '',
-        last_check_ms = 0, reconcile = '{}', waiting = false, delivery = false, attempts = 0,
-        due_ms = 0, last_attempt = '{}', token = NULL, request = NULL,
-        history = CASE
-            WHEN r.expires_ms <= excluded.created_ms THEN '[]'  -- gone: nothing to carry
-            WHEN r.state = 'in_flight' THEN r.history || jsonb_build_array(jsonb_build_object(
-                'at_ms', excluded.created_ms, 'event', 'released',
-                'reason', 'lease expired; route policy: release'))
-            ELSE r.history
-        END
-    WHERE r.expires_ms <= excluded.created_ms OR r.state = 'released'
-        OR (r.state = 'in_flight' AND r.lease_until_ms <= excluded.created_ms
-            AND $7 = 'release' AND NOT r.delivery)
-    RETURNING @record(r)"""
-_WHERE = """\
-    WHERE r.expires_ms <= excluded.created_ms OR r.state = 'released'
-        OR (r.state = 'in_flight' AND r.lease_until_ms <= excluded.created_ms
-            AND $7 = 'release' AND NOT r.delivery)
+TAKE = "gateway/store/sql/003_take_function.sql"
+POOL = "gateway/store/postgres_pool.py"
+
+# The claim's rule of a free key (gateway_free), which gateway_take asks of the row its
+# read saw and, in the conflict's WHERE, of the row its write locked. Without it a
+# claim takes whatever is there: a completed key runs again, an in-flight one twice.
+_FREE = """\
+    SELECT coalesce(expires_ms <= now_ms, false) OR state = 'released'
+        OR (state = 'in_flight' AND lease_until_ms <= now_ms AND policy = 'release'
+            AND NOT delivery)
 """
+_CONFLICT = (
+    "        WHERE gateway_free(r.state, r.expires_ms, r.lease_until_ms, r.delivery, t, p_policy)\n"
+)
+_RACE = f"{POSTGRES}::test_a_claim_that_loses_the_race_for_a_new_key_answers_with_the_winner"
 
 MUTANTS = [
     Mutant(
         name="pg-claim-not-conditional",
-        path="gateway/store/sql/claim.sql",
-        old=_GUARD + _CLAIM,
-        new=_CLAIM.replace(_WHERE, ""),
+        path=TAKE,
+        old=_FREE,
+        new="    SELECT true\n",
         tests=(
             f"{CONTRACT}::test_claim_free_key_then_read_it[postgres]",
             f"{CONTRACT}::test_complete_stores_response_for_replay[postgres]",
@@ -49,11 +35,29 @@ MUTANTS = [
     ),
     Mutant(
         name="pg-claim-conflict-not-conditional",
-        path="gateway/store/sql/claim.sql",
-        old=_CLAIM,
-        new=_CLAIM.replace(_WHERE, ""),
-        tests=(f"{CONTRACT}::test_concurrent_first_claims_one_wins[postgres]",),
-        breaks="two first claims racing past the snapshot both take the key: it runs twice",
+        path=TAKE,
+        old=_CONFLICT,
+        new="",
+        tests=(f"{CONTRACT}::test_concurrent_first_claims_one_wins[postgres]", _RACE),
+        breaks="two first claims racing past the read both take the key: it runs twice",
+    ),
+    Mutant(
+        name="pg-claim-lost-race-taken",
+        path=TAKE,
+        old="        RETURNING * INTO cur;\n        IF FOUND THEN\n",
+        new="        RETURNING * INTO cur;\n        IF true THEN\n",
+        tests=(_RACE,),
+        breaks="a claim whose INSERT met a concurrent winner's row (READ COMMITTED: its "
+        "read saw none) believes it took the key: it runs twice",
+    ),
+    Mutant(
+        name="pg-claim-lost-mark-not-read-again",
+        path=TAKE,
+        old="                CONTINUE WHEN NOT FOUND;  -- it moved meanwhile: read it again\n",
+        new="",
+        tests=(f"{POSTGRES}::test_a_duplicate_whose_key_completes_under_it_replays_the_response",),
+        breaks="a duplicate whose key completed between its read and its `waiting` mark "
+        "answers with an empty record instead of the response",
     ),
     Mutant(
         name="pg-complete-ignores-run-id",
@@ -76,5 +80,37 @@ MUTANTS = [
         tests=(f"{POSTGRES}::test_the_reaper_deletes_expired_settled_records_and_nothing_open",),
         breaks="the reaper deletes unresolved, parked and dead in-flight records: their keys "
         "run again and nobody is left to reconcile them",
+    ),
+    Mutant(
+        name="pg-pool-unbounded",
+        path=POOL,
+        old="            if self.size < self._max:\n",
+        new="            if True:\n",
+        tests=(f"{POSTGRES}::test_the_pool_opens_at_most_max_connections_and_serves_every_waiter",),
+        breaks="a burst opens a connection per concurrent call, past store.max_connections "
+        "(and the database's max_connections)",
+    ),
+    Mutant(
+        name="pg-pool-waiters-never-served",
+        path=POOL,
+        old="""        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+""",
+        new="",
+        tests=(f"{POSTGRES}::test_the_pool_opens_at_most_max_connections_and_serves_every_waiter",),
+        breaks="calls queued for a connection wait until they time out although "
+        "connections come back idle",
+    ),
+    Mutant(
+        name="pg-pool-lends-an-open-transaction",
+        path=POOL,
+        old="conn.is_closed() or conn.is_in_transaction():",
+        new="conn.is_closed():",
+        tests=(f"{POSTGRES}::test_a_connection_left_in_a_transaction_is_never_lent_again",),
+        breaks="a connection left inside a transaction is lent again: the next claim runs "
+        "in it and never commits",
     ),
 ]

@@ -77,15 +77,6 @@ MUTANTS = [
         "upstream without a claim",
     ),
     Mutant(
-        name="pg-crash-leaves-500s",
-        path=SQL,
-        old="    asyncpg.InternalClientError,\n)",
-        new=")",
-        tests=(FAULTS + "test_database_crashes_under_load_give_store_errors_only",),
-        breaks="after a database crash a pooled connection left mid-operation answers a "
-        "500 instead of a 503",
-    ),
-    Mutant(
         name="pg-pick-not-locked",
         path="gateway/store/sql/pick.sql",
         old=_PICK_LOCKS,
@@ -95,14 +86,5 @@ MUTANTS = [
             DELIVERY + "test_storm_two_replicas_twenty_deliveries[postgres]",
         ),
         breaks="two replicas picking at once take the same queued item: it is delivered twice",
-    ),
-    Mutant(
-        name="pg-pool-reset-query",
-        path=SQL,
-        old="                reset=_keep_session,\n",
-        new="",
-        tests=("tests/test_store_round_trips.py::test_first_request_two_round_trips_replay_one",),
-        breaks="every store call on PostgreSQL costs a second round trip (asyncpg's reset "
-        "query): 4 per first request, 2 per replay",
     ),
 ]
