@@ -294,6 +294,39 @@ async def test_a_connection_left_in_a_transaction_is_never_lent_again(
         await store.close()
 
 
+async def test_a_connection_whose_call_timed_out_is_never_lent_again(
+    postgres_database: PostgresServer,
+) -> None:
+    """A call cut short by the store's timeout leaves its statement running on the
+    server, and asyncpg's connection mid-operation: lent again, the next call would
+    fail ("another operation is in progress") or read the cut call's answer. It is
+    closed; the next call gets a connection of its own."""
+    prefix = unique("pool") + ":"
+    config = StoreConfig(
+        url=postgres_database.url, prefix=prefix, max_connections=1, socket_timeout=0.2
+    )
+    store = PostgresStore(config)
+    try:
+
+        async def pid_then_sleep(conn: Any) -> int:
+            pid = int(await conn.fetchval("SELECT pg_backend_pid()"))
+            pids.append(pid)
+            # The server's own statement_timeout (the store's socket_timeout) would end
+            # the statement first, a server error on a sound connection: turn it off.
+            await conn.execute("SET statement_timeout = 0")
+            await conn.execute("SELECT pg_sleep(5)")
+            return pid
+
+        pids: list[int] = []
+        with pytest.raises(StoreError, match="timed out"):
+            await store.db.call(pid_then_sleep, "sleep")
+        after = await store.db.call(lambda conn: conn.fetchval("SELECT pg_backend_pid()"), "pid")
+        assert pids and int(after) != pids[0], (pids, after)
+        assert store.db.pool().size == 1
+    finally:
+        await store.close()
+
+
 # -- expiry: reads, the reaper --------------------------------------------------------
 
 

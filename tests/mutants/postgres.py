@@ -113,4 +113,15 @@ MUTANTS = [
         breaks="a connection left inside a transaction is lent again: the next claim runs "
         "in it and never commits",
     ),
+    Mutant(
+        name="pg-pool-lends-a-cut-short-connection",
+        path="gateway/store/postgres_sql.py",
+        old="""                    keep = False
+                    try:""",
+        new="""                    keep = True
+                    try:""",
+        tests=(f"{POSTGRES}::test_a_connection_whose_call_timed_out_is_never_lent_again",),
+        breaks="a connection whose call timed out mid-statement is lent again: the next "
+        "call fails on it or reads the cut call's answer",
+    ),
 ]
