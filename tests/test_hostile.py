@@ -920,7 +920,7 @@ async def test_escaping_keys_stay_in_their_namespace_on_redis(
         for n in names
         if n not in records
         and not re.fullmatch(
-            re.escape(prefix) + r"\{[0-9a-f]{2}\}:(i:(in_flight|unresolved|parked|claimed)|m)", n
+            re.escape(prefix) + r"\{[0-9a-f]{2}\}:(i:(in_flight|unresolved|parked|claimed)|m|ls)", n
         )
     ]
     ledger.record(
