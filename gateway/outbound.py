@@ -17,6 +17,7 @@ from gateway.forwarding import NO_PROXIES, TrustedProxies, forwarded_headers
 from gateway.keys import RequestParts
 from gateway.logs import current_trace
 from gateway.metrics import RouteMetrics
+from gateway.records import is_success
 from gateway.response import ResponseBudget, UpstreamResponse
 from gateway.upstream import Upstream
 
@@ -105,7 +106,7 @@ async def send(
     trace = current_trace.get()
     if trace is not None:
         trace.upstream_status = response.status
-    if response.status < 500:
+    if is_success(response.status):
         metrics.last_success.set(time.time())
     return response
 

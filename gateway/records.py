@@ -83,6 +83,13 @@ class KeyRef:
     key: str
 
 
+def is_success(status: int) -> bool:
+    """Whether an upstream's answer is the route's success: below 500. One rule for the
+    `_last_success_timestamp_seconds` gauge (outbound.py) and Store.last_successes,
+    since the overview shows the later of the two."""
+    return status < 500
+
+
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
     status: int

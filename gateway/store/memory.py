@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.encryption import PLAIN, ResponseCodec
-from gateway.records import QUEUE_STATES, KeyRef, Record, State, StoredResponse
+from gateway.records import QUEUE_STATES, KeyRef, Record, State, StoredResponse, is_success
 from gateway.store.base import ExpiredPolicy, OperatorResult, StoreInfo
 from gateway.store.memory_delivery import MemoryDeliveries
 from gateway.store.memory_delivery import event as _event
@@ -221,7 +221,7 @@ class MemoryStore(MemoryDeliveries):
         if record.delivery and attempt is not None:
             record = replace(record, last_attempt=attempt)
         self._settle(record, State.COMPLETED, now, ttl, *events, response=kept, reason="")
-        if response.status < 500:
+        if is_success(response.status):
             self._successes[record.route] = max(now, self._successes.get(record.route, 0))
         return True
 

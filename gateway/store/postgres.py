@@ -36,7 +36,7 @@ import asyncpg
 from gateway.config import StoreConfig
 from gateway.config.addresses import mask_url
 from gateway.errors import StoreError
-from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredResponse
+from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredResponse, is_success
 from gateway.store.base import ExpiredPolicy, OperatorResult, StateCount, StoreInfo, codec_for
 from gateway.store.postgres_delivery import PostgresDeliveries
 from gateway.store.postgres_notices import PostgresNotices
@@ -226,7 +226,7 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
         attempt: dict[str, Any] | None = None,
     ) -> bool:
         sealed = self.codec.encode(ref.digest, response)
-        success = response.status < 500
+        success = is_success(response.status)
         row = await self.db.fetchrow(
             "complete", ref.digest, run_id, sealed, _ms(ttl), response.origin, attempt, success
         )

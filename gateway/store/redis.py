@@ -43,7 +43,7 @@ from redis.exceptions import RedisError
 
 from gateway.config import StoreConfig
 from gateway.errors import StoreError
-from gateway.records import KeyRef, Record, State, StoredResponse
+from gateway.records import KeyRef, Record, State, StoredResponse, is_success
 from gateway.store.base import ExpiredPolicy, OperatorResult, StoreInfo, codec_for
 from gateway.store.redis_delivery import RedisDeliveries, attempt_json
 from gateway.store.redis_info import read_info, report
@@ -302,7 +302,7 @@ class RedisStore(RedisDeliveries, RedisNotices):
                 _ms(ttl),
                 response.origin,
                 "" if attempt is None else attempt_json(attempt),
-                "1" if response.status < 500 else "",
+                "1" if is_success(response.status) else "",
             )
         )
 

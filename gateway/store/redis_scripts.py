@@ -96,13 +96,11 @@ class ScriptCommands:
             self._templates[slot] = template
         return template.pack(hole, args)
 
-    def loaded(self, name: str, sha: str) -> bool:
-        """Redis loaded script `name` as `sha`. Whether that was a digest other than
-        the one its calls were sent with (they are packed with `sha` from now on)."""
+    def loaded(self, name: str, sha: str) -> None:
+        """Redis loaded script `name` as `sha`: its calls are packed with `sha` from
+        now on (a sha other than the one they were sent with drops their templates)."""
         script = self._scripts[name]
-        if script.sha == sha:
-            return False
-        script.sha = sha
-        for key in [key for key in self._templates if key[0] == name]:
-            del self._templates[key]
-        return True
+        if script.sha != sha:
+            script.sha = sha
+            for key in [key for key in self._templates if key[0] == name]:
+                del self._templates[key]

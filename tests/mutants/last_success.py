@@ -22,7 +22,7 @@ MUTANTS = [
     Mutant(
         name="redis-last-success-for-a-5xx",
         path="gateway/store/redis.py",
-        old='"1" if response.status < 500 else ""',
+        old='"1" if is_success(response.status) else ""',
         new='"1"',
         tests=(BELOW_500 + "[redis]",),
         breaks="a stored 503 counts as the route's last success on Redis, hiding an outage",

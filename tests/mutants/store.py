@@ -73,8 +73,8 @@ MUTANTS += [
     Mutant(
         name="redis-template-keeps-a-stale-sha",
         path="gateway/store/redis_scripts.py",
-        old="""        for key in [key for key in self._templates if key[0] == name]:
-            del self._templates[key]
+        old="""            for key in [key for key in self._templates if key[0] == name]:
+                del self._templates[key]
 """,
         new="",
         tests=(f"{RESP}::test_a_reloaded_script_is_sent_with_the_sha_redis_gave_it",),
