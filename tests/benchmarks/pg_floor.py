@@ -22,7 +22,6 @@ trips), so twice the one-index `INSERT`/`UPDATE` row is its floor on this machin
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 import statistics
 import sys
@@ -37,22 +36,17 @@ from gateway.config import StoreConfig  # noqa: E402
 from gateway.records import KeyRef, StoredResponse  # noqa: E402
 from gateway.store.postgres import PostgresStore  # noqa: E402
 from gateway.store.postgres_schema import migrate_store  # noqa: E402
+from tests.benchmarks._harness import cpu_seconds  # noqa: E402
 from tests.support.postgres import PostgresServer  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
 RESPONSE = StoredResponse(200, (("content-type", "application/json"),), b'{"ok":true}')
 
 
-def cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
 async def per_call(pid: int, n: int, call: Callable[[int], Awaitable[Any]]) -> float:
-    before = cpu(pid)
+    before = cpu_seconds([pid])
     for i in range(n):
         await call(i)
-    return (cpu(pid) - before) * 1e6 / n
+    return (cpu_seconds([pid]) - before) * 1e6 / n
 
 
 async def one_round(url: str, n: int) -> dict[str, float]:
