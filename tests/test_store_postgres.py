@@ -199,19 +199,23 @@ async def _waits_on_a_lock(server: PostgresServer) -> None:
     raise AssertionError("the store's claim never waited for the other session's lock")
 
 
+@pytest.mark.parametrize("fresh", [True, False], ids=["insert-first", "read-first"])
 async def test_a_claim_that_loses_the_race_for_a_new_key_answers_with_the_winner(
-    store: PostgresStore, postgres_database: PostgresServer
+    store: PostgresStore, postgres_database: PostgresServer, fresh: bool
 ) -> None:
-    """The READ COMMITTED pitfall: the claim's read sees no row, another session's claim
-    of the key commits, and the claim's INSERT then conflicts. It must not take the key
-    (the conflict's WHERE) nor come back empty: it reads again and answers with the
-    winner's record."""
+    """The READ COMMITTED pitfall: the claim's read sees no row (or, inserting first, it
+    does not read), another session's claim of the key commits, and the claim's INSERT
+    then conflicts. It must not take the key nor come back empty: it reads again and
+    answers with the winner's record. In either order gateway_take may try."""
     r = ref()
+    store._fresh[r.route] = fresh
     winner = await asyncpg.connect(postgres_database.url)
     try:
         async with winner.transaction():
             claim = store.db.statements["claim"]
-            won = await winner.fetchrow(claim, r.digest, r.route, r.key, "run-1", "fp", 30000, "")
+            won = await winner.fetchrow(
+                claim, r.digest, r.route, r.key, "run-1", "fp", 30000, "", True
+            )
             assert won is not None and won["outcome"] == 1
             loser = asyncio.create_task(store.claim(r, "run-2", "fp", 30))
             await _waits_on_a_lock(postgres_database)  # read: nothing; INSERT: waits
@@ -219,6 +223,52 @@ async def test_a_claim_that_loses_the_race_for_a_new_key_answers_with_the_winner
     finally:
         await winner.close()
     assert found is not None and found.state is State.IN_FLIGHT and found.run_id == "run-1"
+
+
+@pytest.mark.parametrize("fresh", [True, False], ids=["insert-first", "read-first"])
+async def test_a_claim_that_loses_the_race_for_a_free_row_answers_with_the_winner(
+    store: PostgresStore, postgres_database: PostgresServer, fresh: bool
+) -> None:
+    """The same pitfall on a row that is free (here a completed record past its expiry):
+    the claim's read sees it free, another session's claim takes it and commits, and
+    the claim's UPDATE then finds the row in flight. It must not take it (the UPDATE's
+    WHERE asks gateway_free again of the locked row): it answers with the winner's."""
+    r = ref()
+    assert await store.claim(r, "run-0", "fp", 30) is None
+    assert await store.complete(r, "run-0", RESPONSE, 0.001)
+    await asyncio.sleep(0.01)  # past its expiry: free
+    store._fresh[r.route] = fresh
+    winner = await asyncpg.connect(postgres_database.url)
+    try:
+        async with winner.transaction():
+            claim = store.db.statements["claim"]
+            won = await winner.fetchrow(
+                claim, r.digest, r.route, r.key, "run-1", "fp", 30000, "", False
+            )
+            assert won is not None and won["outcome"] == 1
+            loser = asyncio.create_task(store.claim(r, "run-2", "fp", 30))
+            await _waits_on_a_lock(postgres_database)  # read: free; UPDATE: waits
+        found = await loser
+    finally:
+        await winner.close()
+    assert found is not None and found.state is State.IN_FLIGHT and found.run_id == "run-1"
+
+
+async def test_a_claim_inserts_first_on_a_route_whose_last_claim_took_a_new_key(
+    store: PostgresStore,
+) -> None:
+    """gateway_take's order is the route's last outcome: a new key taken, the next claim
+    inserts first; a record found, the next reads first. (Both decide alike; the
+    contract suite and the races above hold each order.)"""
+    fresh, repeated = ref("fresh"), ref("repeated")
+    assert await store.claim(fresh, "run-1", "fp", 30) is None
+    assert await store.claim(repeated, "run-1", "fp", 30) is None
+    assert await store.claim(repeated, "run-2", "fp", 30) is not None
+    assert store._fresh == {"fresh": True, "repeated": False}
+    # Inserting first, an accept that may not admit still reads: a taken key exists.
+    full = await store.accept(fresh, "run-2", "fp", REQUEST, "token-0123456789", admit=False)
+    assert full.outcome == "exists" and full.record is not None
+    assert full.record.run_id == "run-1"
 
 
 async def test_a_duplicate_whose_key_completes_under_it_replays_the_response(

@@ -3,11 +3,10 @@
 One row of `gateway_records` per record, keyed (prefix, digest), in the schema that
 `idempotency-gateway store migrate` creates (store/sql/0NN_*.sql; the gateway
 refuses a database without it). The statements are files in store/sql/, like the
-Redis scripts: the claim is a server-side function (gateway_take, migration 003) that
-reads the key and only when it is free takes it (`INSERT ... ON CONFLICT ... DO UPDATE
-... WHERE` free), so claim-or-read is one round trip and a replay writes nothing;
-completion, release and every other move are `UPDATE ... WHERE` the state and the run
-id still allow it.
+Redis scripts. The claim and the completion are server-side functions (gateway_take
+and gateway_complete, migration 004): the claim writes only when the key is free, so
+claim-or-read is one round trip and a replay writes nothing; completion, release and
+every other move are `UPDATE ... WHERE` the state and the run id still allow it.
 Commits are durable before the gateway forwards (synchronous_commit, as the server is
 configured), and time is the database's (`clock_timestamp()`), never a replica's.
 
@@ -17,17 +16,16 @@ which deletes them in batches of REAP_BATCH, one process at a time (an advisory 
 Unresolved, parked, claimed, in-flight, queued and retrying rows never expire.
 
 Beside it: postgres_sql.py (the statements, the pool, errors), postgres_delivery.py
-(the delivery operations), postgres_notices.py (the LISTEN connection: waiters and
-delivery workers), postgres_schema.py (migrations and the version check).
+(deliveries), postgres_notices.py (the LISTEN connection), postgres_schema.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import random
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any, TypeAlias, TypeVar
 
@@ -63,15 +61,6 @@ T = TypeVar("T")
 Decision: TypeAlias = tuple[T, dict[str, Any] | None, int | None]
 
 
-def channel_for(prefix: str) -> str:
-    """The store's NOTIFY channel: readable when short, a hash when a prefix is too long
-    for a channel name (63 bytes)."""
-    name = f"gateway:{prefix}"
-    if len(name.encode()) <= 63:
-        return name
-    return "gateway:" + hashlib.sha256(prefix.encode()).hexdigest()[:32]
-
-
 def _event(now: int, event: str, **fields: Any) -> dict[str, Any]:
     return {"at_ms": now, "event": event, **fields}
 
@@ -80,7 +69,6 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
     def __init__(self, config: StoreConfig, config_path: str = "FILE") -> None:
         super().__init__(codec_for(config))
         self.prefix = config.prefix
-        self.channel = channel_for(config.prefix)
         self._config = config
         self._config_path = config_path
         self._source = mask_url(config.url)
@@ -89,15 +77,19 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
         self.db = Database(
             connect_args(config),
             config.prefix,
-            self.channel,
             timeout=config.socket_timeout,
             max_connections=config.max_connections,
             on_connect=self._check_schema,
         )
+        self.channel = self.db.channel
         self._info_seen: StoreInfo | None = None
         self._marker: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
+        #: Per route: whether its last claim took a new key (gateway_take then inserts
+        #: first), and when this process writes its last success next (monotonic).
+        self._fresh: dict[str, bool] = {}
+        self._success_due: dict[str, float] = {}
         #: Set while the LISTEN connection is up (tests wait on it).
         self.subscribed = asyncio.Event()
 
@@ -141,12 +133,9 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
         await self.db.call(lambda conn: conn.fetchval("SELECT 1"), "ping")
 
     async def info(self) -> StoreInfo:
-        async def read(conn: asyncpg.Connection) -> tuple[str, str]:
-            fsync = await conn.fetchval("SELECT current_setting('fsync')")
-            commit = await conn.fetchval("SELECT current_setting('synchronous_commit')")
-            return str(fsync), str(commit)
-
-        fsync, commit = await self.db.call(read, "settings read")
+        sql = "SELECT current_setting('fsync'), current_setting('synchronous_commit')"
+        row = await self.db.call(lambda conn: conn.fetchrow(sql), "settings read")
+        fsync, commit = row if row is not None else ("", "")
         durable = fsync == "on" and commit != "off"
         # PostgreSQL never evicts a row; "aof" here is whether a commit is on disk
         # before the gateway forwards.
@@ -187,10 +176,13 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
 
     async def _claim_or_read(self, name: str, ref: KeyRef, *args: Any) -> Any:
         # gateway_take reads again itself when a concurrent claim beat it, so only an
-        # accept with nothing admitted comes back empty.
-        row = await self.db.fetchrow(name, ref.digest, *args)
+        # accept with nothing admitted comes back empty. Its order (insert or read
+        # first) is a guess from the route's last claim: both decide alike.
+        row = await self.db.fetchrow(name, ref.digest, *args, self._fresh.get(ref.route, True))
         if row is None and name == "claim":
             raise StoreError("postgresql claim failed: no record and no claim")
+        if row is not None:
+            self._fresh[ref.route] = row["outcome"] == 1
         return row
 
     async def claim(
@@ -226,11 +218,17 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
         attempt: dict[str, Any] | None = None,
     ) -> bool:
         sealed = self.codec.encode(ref.digest, response)
-        success = is_success(response.status)
+        # The route's last success is kept to the second: this process writes it at
+        # most once a second per route (the other completions skip that statement).
+        now = time.monotonic()
+        success = is_success(response.status) and self._success_due.get(ref.route, 0.0) <= now
         row = await self.db.fetchrow(
             "complete", ref.digest, run_id, sealed, _ms(ttl), response.origin, attempt, success
         )
-        return bool(row is not None and row["ok"])
+        ok = bool(row is not None and row["ok"])
+        if ok and success:
+            self._success_due[ref.route] = now + 1.0
+        return ok
 
     async def release(self, ref: KeyRef, run_id: str, ttl: float, reason: str) -> bool:
         row = await self.db.fetchrow("release", ref.digest, run_id, _ms(ttl), reason)

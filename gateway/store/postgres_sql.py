@@ -17,6 +17,7 @@ for everything else, with the driver's message and never the connection string.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import ssl
@@ -73,6 +74,15 @@ def sql_file(name: str) -> str:
     return (resources.files("gateway.store") / "sql" / f"{name}.sql").read_text()
 
 
+def channel_for(prefix: str) -> str:
+    """The store's NOTIFY channel: readable when short, a hash when a prefix is too long
+    for a channel name (63 bytes)."""
+    name = f"gateway:{prefix}"
+    if len(name.encode()) <= 63:
+        return name
+    return "gateway:" + hashlib.sha256(prefix.encode()).hexdigest()[:32]
+
+
 def expand(sql: str, prefix: str, channel: str) -> str:
     sql = _RECORD.sub(lambda m: ", ".join(f"{m[1]}.{c}" for c in RECORD_COLUMNS), sql)
     return sql.replace("@prefix", literal(prefix)).replace("@channel", literal(channel))
@@ -93,13 +103,12 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 
 
 class Database:
-    """The pool and the statements of one store (one prefix)."""
+    """The pool and the statements of one store (one prefix), and its NOTIFY channel."""
 
     def __init__(
         self,
         connect: dict[str, Any],
         prefix: str,
-        channel: str,
         *,
         timeout: float,
         max_connections: int,
@@ -107,6 +116,7 @@ class Database:
     ) -> None:
         self.connect = connect
         self.timeout = timeout
+        self.channel = channel = channel_for(prefix)
         self.statements = {name: expand(sql_file(name), prefix, channel) for name in _STATEMENTS}
         self._max = max_connections
         self._on_connect = on_connect

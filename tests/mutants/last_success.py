@@ -7,6 +7,7 @@ from tests.mutants import Mutant
 C = "tests/test_store_contract.py::"
 BELOW_500 = C + "test_last_success_is_a_completion_below_500"
 LATEST = C + "test_last_success_is_the_latest_of_every_part_of_the_store"
+HOT = "gateway/store/sql/004_hot_path.sql"
 REPLICAS = "tests/test_replicas.py::test_a_success_through_one_replica_shows_in_the_others_overview"
 
 MUTANTS = [
@@ -38,21 +39,38 @@ MUTANTS = [
     ),
     Mutant(
         name="postgres-last-success-not-inserted",
-        path="gateway/store/sql/complete.sql",
-        old="    WHERE $7 AND NOT EXISTS (",
-        new="    WHERE false AND NOT EXISTS (",
+        path=HOT,
+        old="        IF NOT FOUND THEN\n            INSERT INTO gateway_successes",
+        new="        IF false THEN\n            INSERT INTO gateway_successes",
         tests=(BELOW_500 + "[postgres]", REPLICAS + "[postgres]"),
         breaks="a route's first success on PostgreSQL writes no row: its last success stays "
         "none on every replica",
     ),
     Mutant(
         name="postgres-last-success-never-refreshed",
-        path="gateway/store/sql/complete.sql",
-        old="s.at_ms < t.now - 1000",
+        path=HOT,
+        old="s.at_ms < t - 1000",
         new="s.at_ms < 0",
         tests=(LATEST + "[postgres]",),
         breaks="a route's row on PostgreSQL keeps its first success: the age grows while "
         "the route keeps succeeding",
+    ),
+    Mutant(
+        name="postgres-last-success-asked-once",
+        path="gateway/store/postgres.py",
+        old="self._success_due[ref.route] = now + 1.0",
+        new="self._success_due[ref.route] = now + 3600.0",
+        tests=(LATEST + "[postgres]",),
+        breaks="a process asks for its route's last success to be written once and never "
+        "again: the age grows while the route keeps succeeding",
+    ),
+    Mutant(
+        name="postgres-last-success-for-a-5xx",
+        path="gateway/store/postgres.py",
+        old="success = is_success(response.status) and ",
+        new="success = True and ",
+        tests=(BELOW_500 + "[postgres]",),
+        breaks="a stored 503 counts as the route's last success on PostgreSQL, hiding an outage",
     ),
     Mutant(
         name="overview-last-success-not-from-the-store",

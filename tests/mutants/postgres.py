@@ -5,26 +5,30 @@ from tests.mutants import Mutant
 CONTRACT = "tests/test_store_contract.py"
 POSTGRES = "tests/test_store_postgres.py"
 
-TAKE = "gateway/store/sql/003_take_function.sql"
+FREE = "gateway/store/sql/003_take_function.sql"
+TAKE = "gateway/store/sql/004_hot_path.sql"
 POOL = "gateway/store/postgres_pool.py"
 
-# The claim's rule of a free key (gateway_free), which gateway_take asks of the row its
-# read saw and, in the conflict's WHERE, of the row its write locked. Without it a
-# claim takes whatever is there: a completed key runs again, an in-flight one twice.
+# The claim's rule of a free key (gateway_free, migration 003), which gateway_take
+# (004) asks of the row its read saw and, in its UPDATE's WHERE, of the row that UPDATE
+# locked. Without it a claim takes whatever is there: a completed key runs again, an
+# in-flight one twice.
 _FREE = """\
     SELECT coalesce(expires_ms <= now_ms, false) OR state = 'released'
         OR (state = 'in_flight' AND lease_until_ms <= now_ms AND policy = 'release'
             AND NOT delivery)
 """
-_CONFLICT = (
-    "        WHERE gateway_free(r.state, r.expires_ms, r.lease_until_ms, r.delivery, t, p_policy)\n"
-)
+_CONFLICT = """\
+                    AND gateway_free(r.state, r.expires_ms, r.lease_until_ms, r.delivery,
+                                     t, p_policy);
+"""
 _RACE = f"{POSTGRES}::test_a_claim_that_loses_the_race_for_a_new_key_answers_with_the_winner"
+_FREE_RACE = f"{POSTGRES}::test_a_claim_that_loses_the_race_for_a_free_row_answers_with_the_winner"
 
 MUTANTS = [
     Mutant(
         name="pg-claim-not-conditional",
-        path=TAKE,
+        path=FREE,
         old=_FREE,
         new="    SELECT true\n",
         tests=(
@@ -37,23 +41,35 @@ MUTANTS = [
         name="pg-claim-conflict-not-conditional",
         path=TAKE,
         old=_CONFLICT,
-        new="",
-        tests=(f"{CONTRACT}::test_concurrent_first_claims_one_wins[postgres]", _RACE),
-        breaks="two first claims racing past the read both take the key: it runs twice",
+        new="                    AND true;\n",
+        tests=(_FREE_RACE,),
+        breaks="two claims of a free row (expired, released) racing past the read both "
+        "take the key: it runs twice",
     ),
     Mutant(
         name="pg-claim-lost-race-taken",
         path=TAKE,
-        old="        RETURNING * INTO cur;\n        IF FOUND THEN\n",
-        new="        RETURNING * INTO cur;\n        IF true THEN\n",
+        old="        ON CONFLICT (prefix, digest) DO NOTHING;\n        taken := FOUND;\n",
+        new="        ON CONFLICT (prefix, digest) DO NOTHING;\n        taken := true;\n",
         tests=(_RACE,),
         breaks="a claim whose INSERT met a concurrent winner's row (READ COMMITTED: its "
         "read saw none) believes it took the key: it runs twice",
     ),
     Mutant(
+        name="pg-accept-full-unread",
+        path=TAKE,
+        old="IF turn > 1 OR NOT p_fresh OR (p_delivery AND NOT p_admit) THEN",
+        new="IF turn > 1 OR NOT p_fresh THEN",
+        tests=(
+            f"{POSTGRES}::test_a_claim_inserts_first_on_a_route_whose_last_claim_took_a_new_key",
+        ),
+        breaks="an accept that may not admit (the queue is full) skips the read on a route "
+        "guessed fresh: a key already taken is answered 503 full instead of its record",
+    ),
+    Mutant(
         name="pg-claim-lost-mark-not-read-again",
         path=TAKE,
-        old="                CONTINUE WHEN NOT FOUND;  -- it moved meanwhile: read it again\n",
+        old="                    CONTINUE WHEN NOT FOUND;  -- it moved meanwhile: read it again\n",
         new="",
         tests=(f"{POSTGRES}::test_a_duplicate_whose_key_completes_under_it_replays_the_response",),
         breaks="a duplicate whose key completed between its read and its `waiting` mark "
@@ -61,10 +77,10 @@ MUTANTS = [
     ),
     Mutant(
         name="pg-complete-ignores-run-id",
-        path="gateway/store/sql/complete.sql",
-        old="WHERE r.prefix = @prefix AND r.digest = $1 AND r.run_id = $2\n"
+        path=TAKE,
+        old="    WHERE r.prefix = p_prefix AND r.digest = p_digest AND r.run_id = p_run_id\n"
         "        AND r.state IN ('in_flight', 'unresolved')",
-        new="WHERE r.prefix = @prefix AND r.digest = $1\n"
+        new="    WHERE r.prefix = p_prefix AND r.digest = p_digest\n"
         "        AND r.state IN ('in_flight', 'unresolved')",
         tests=(
             f"{CONTRACT}::test_stale_run_cannot_complete_release_or_unresolve[postgres]",
