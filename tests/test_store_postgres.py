@@ -662,3 +662,14 @@ async def test_a_hung_database_fails_calls_in_bounded_time_then_recovers() -> No
         await store.close()
         server.stop()
         server.remove()
+
+
+def test_the_pool_defaults_to_ten_connections_on_postgresql_and_64_on_redis() -> None:
+    """Unset, store.max_connections is the store's own default: a PostgreSQL connection is
+    a backend process, and a few busy ones commit more per second than many that take
+    turns on the database's cores (docs/performance.md, session 11); set, it is as set."""
+    assert StoreConfig(url="postgresql://gateway@127.0.0.1/gateway").pool_size == 10
+    assert StoreConfig(url="redis://127.0.0.1:6379/0").pool_size == 64
+    assert StoreConfig(url="postgres://g@h/d", max_connections=3).pool_size == 3
+    store = PostgresStore(StoreConfig(url="postgresql://gateway@127.0.0.1/gateway"))
+    assert store.db.pool()._max == 10

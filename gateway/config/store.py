@@ -88,6 +88,11 @@ class TLSConfig(Section):
         return {}
 
 
+#: The PostgreSQL store's connections per process when max_connections is unset
+#: (asyncpg's own pool defaults to 10 as well).
+POSTGRES_POOL = 10
+
+
 @settings
 class StoreConfig(Section):
     example = "store: {...}"
@@ -102,7 +107,9 @@ class StoreConfig(Section):
     prefix: OptionalText = "idem:"
     socket_timeout: Duration = 2.0
     connect_timeout: Duration = 2.0
-    max_connections: Annotated[int, Whole(1, 10000)] = 64  # per process; requests queue for one
+    #: per process; requests queue for one. Unset: 64 on Redis (one pipelined connection
+    #: carries the request path) and POSTGRES_POOL on PostgreSQL (see pool_size)
+    max_connections: Annotated[int, Whole(1, 10000)] | None = None
     #: replicas that must confirm a claim (Redis WAIT) before the request is sent:
     #: with 1, a failover cannot lose a claim and let its key run twice
     wait_for_replicas: Annotated[int, Whole(0, 16)] = 0
@@ -123,6 +130,15 @@ class StoreConfig(Section):
     #: start and report ready even if Redis may evict keys (maxmemory-policy other
     #: than noeviction): an evicted record is a key that runs again
     allow_eviction: Flag = False
+
+    @property
+    def pool_size(self) -> int:
+        """max_connections as set, else the store's default. PostgreSQL runs a process per
+        connection: on a small machine a few busy backends commit more per second than
+        many that take turns (docs/performance.md, session 11)."""
+        if self.max_connections is not None:
+            return self.max_connections
+        return POSTGRES_POOL if self.kind == "postgres" else 64
 
     @property
     def kind(self) -> str:

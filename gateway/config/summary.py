@@ -42,7 +42,7 @@ def describe(config: Config) -> str:
         f"admin: listen {admin.listen}; {_describe_access(admin)}",
         f"store: {_store_where(store)}; prefix {show(store.prefix)}; socket timeout "
         f"{format_duration(store.socket_timeout)}; connect timeout "
-        f"{format_duration(store.connect_timeout)}; {store.max_connections} connections"
+        f"{format_duration(store.connect_timeout)}; {store.pool_size} connections"
         + ("; password set" if store.password else "")
         + (f"; TLS{' (no verify)' if not store.tls.verify else ''}" if store.tls else ""),
         f"encryption: {_describe_encryption(store)}",

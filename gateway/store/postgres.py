@@ -78,7 +78,7 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
             connect_args(config),
             config.prefix,
             timeout=config.socket_timeout,
-            max_connections=config.max_connections,
+            max_connections=config.pool_size,
             on_connect=self._check_schema,
         )
         self.channel = self.db.channel

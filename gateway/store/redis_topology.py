@@ -68,12 +68,12 @@ def client_for(config: StoreConfig) -> tuple[Any, dict[str, Any]]:
         )
         # The pool asks the sentinels for the master on every new connection, so a
         # failover is followed without a restart.
-        master = sentinel.master_for(config.sentinel_master, max_connections=config.max_connections)
+        master = sentinel.master_for(config.sentinel_master, max_connections=config.pool_size)
         return master, common
     if config.kind == "cluster":
         cluster = _QueueingCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in config.cluster_nodes],
-            max_connections=config.max_connections,
+            max_connections=config.pool_size,
             ssl=config.tls is not None,
             **common,
         )
@@ -82,7 +82,7 @@ def client_for(config: StoreConfig) -> tuple[Any, dict[str, Any]]:
     # burst of requests cannot open a connection each.
     pool = aioredis.BlockingConnectionPool.from_url(
         config.url,
-        max_connections=config.max_connections,
+        max_connections=config.pool_size,
         timeout=config.socket_timeout * 2,
         health_check_interval=30,
         **common,
