@@ -19,7 +19,7 @@ import yaml
 from gateway.app import Gateway
 from gateway.config import StoreConfig
 from gateway.errors import StoreError
-from gateway.records import KeyRef, State, StoredRequest, StoredResponse
+from gateway.records import KeyRef, Record, State, StoredRequest, StoredResponse
 from gateway.store.postgres import REAP_LOCK, PostgresStore
 from gateway.store.postgres_schema import VERSION, migrations
 from tests.conftest import GatewayClient, config_for, migrate_database, unique, upstream_count
@@ -199,6 +199,26 @@ async def _waits_on_a_lock(server: PostgresServer) -> None:
     raise AssertionError("the store's claim never waited for the other session's lock")
 
 
+async def _claim_beaten_by_an_uncommitted_claim(
+    store: PostgresStore, server: PostgresServer, r: KeyRef
+) -> Record | None:
+    """store.claim of `r` while another session's claim of it (run-1) is not yet
+    committed: the store's claim waits on that session's lock, then it commits."""
+    winner = await asyncpg.connect(server.url)
+    try:
+        async with winner.transaction():
+            claim = store.db.statements["claim"]
+            won = await winner.fetchrow(
+                claim, r.digest, r.route, r.key, "run-1", "fp", 30000, "", False
+            )
+            assert won is not None and won["outcome"] == 1
+            loser = asyncio.create_task(store.claim(r, "run-2", "fp", 30))
+            await _waits_on_a_lock(server)  # its INSERT or UPDATE waits for the winner
+        return await loser
+    finally:
+        await winner.close()
+
+
 @pytest.mark.parametrize("fresh", [True, False], ids=["insert-first", "read-first"])
 async def test_a_claim_that_loses_the_race_for_a_new_key_answers_with_the_winner(
     store: PostgresStore, postgres_database: PostgresServer, fresh: bool
@@ -209,19 +229,7 @@ async def test_a_claim_that_loses_the_race_for_a_new_key_answers_with_the_winner
     answers with the winner's record. In either order gateway_take may try."""
     r = ref()
     store._fresh[r.route] = fresh
-    winner = await asyncpg.connect(postgres_database.url)
-    try:
-        async with winner.transaction():
-            claim = store.db.statements["claim"]
-            won = await winner.fetchrow(
-                claim, r.digest, r.route, r.key, "run-1", "fp", 30000, "", True
-            )
-            assert won is not None and won["outcome"] == 1
-            loser = asyncio.create_task(store.claim(r, "run-2", "fp", 30))
-            await _waits_on_a_lock(postgres_database)  # read: nothing; INSERT: waits
-        found = await loser
-    finally:
-        await winner.close()
+    found = await _claim_beaten_by_an_uncommitted_claim(store, postgres_database, r)
     assert found is not None and found.state is State.IN_FLIGHT and found.run_id == "run-1"
 
 
@@ -238,19 +246,7 @@ async def test_a_claim_that_loses_the_race_for_a_free_row_answers_with_the_winne
     assert await store.complete(r, "run-0", RESPONSE, 0.001)
     await asyncio.sleep(0.01)  # past its expiry: free
     store._fresh[r.route] = fresh
-    winner = await asyncpg.connect(postgres_database.url)
-    try:
-        async with winner.transaction():
-            claim = store.db.statements["claim"]
-            won = await winner.fetchrow(
-                claim, r.digest, r.route, r.key, "run-1", "fp", 30000, "", False
-            )
-            assert won is not None and won["outcome"] == 1
-            loser = asyncio.create_task(store.claim(r, "run-2", "fp", 30))
-            await _waits_on_a_lock(postgres_database)  # read: free; UPDATE: waits
-        found = await loser
-    finally:
-        await winner.close()
+    found = await _claim_beaten_by_an_uncommitted_claim(store, postgres_database, r)
     assert found is not None and found.state is State.IN_FLIGHT and found.run_id == "run-1"
 
 

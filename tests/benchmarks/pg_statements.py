@@ -85,20 +85,9 @@ def emit(workload: str, success: str) -> str:
 
 def migrate(url: str) -> None:
     """The tree on sys.path migrates the database at `url` to its schema."""
-    import asyncio
+    from tests.conftest import migrate_database
 
-    import asyncpg
-
-    from gateway.store.postgres_schema import migrate as apply
-
-    async def run() -> None:
-        conn = await asyncpg.connect(url)
-        try:
-            await apply(conn)
-        finally:
-            await conn.close()
-
-    asyncio.run(run())
+    migrate_database(url)
 
 
 def in_tree(src: Path, *args: str) -> str:
