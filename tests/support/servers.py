@@ -22,10 +22,23 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: Ports free_port has handed out in this process. The kernel may hand a port it just
+#: released to the next bind(0), so two calls in a row (a gateway's listen and admin
+#: ports) could name the same port: CI saw `admin.listen ... clashes with
+#: server.listen`. A port is handed out once per test run.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now and not handed out before in this process."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no free loopback port that was not handed out already")
 
 
 def free_cluster_port() -> int:
