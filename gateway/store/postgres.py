@@ -178,7 +178,7 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
         # gateway_take reads again itself when a concurrent claim beat it, so only an
         # accept with nothing admitted comes back empty. Its order (insert or read
         # first) is a guess from the route's last claim: both decide alike.
-        row = await self.db.fetchrow(name, ref.digest, *args, self._fresh.get(ref.route, True))
+        row = await self.db.batched(name, ref.digest, *args, self._fresh.get(ref.route, True))
         if row is None and name == "claim":
             raise StoreError("postgresql claim failed: no record and no claim")
         if row is not None:
@@ -222,7 +222,7 @@ class PostgresStore(PostgresDeliveries, PostgresNotices):
         # most once a second per route (the other completions skip that statement).
         now = time.monotonic()
         success = is_success(response.status) and self._success_due.get(ref.route, 0.0) <= now
-        row = await self.db.fetchrow(
+        row = await self.db.batched(
             "complete", ref.digest, run_id, sealed, _ms(ttl), response.origin, attempt, success
         )
         ok = bool(row is not None and row["ok"])

@@ -52,6 +52,10 @@ class Pool:
         self._waiters: deque[asyncio.Future[asyncpg.Connection | None]] = deque()
         self._closing = False
 
+    def free(self) -> bool:
+        """Whether a call now gets a connection without waiting (one idle, or room)."""
+        return bool(self._idle) or self.size < self._max
+
     async def acquire(self) -> asyncpg.Connection:
         while True:
             if self._closing:

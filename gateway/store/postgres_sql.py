@@ -31,6 +31,7 @@ import asyncpg
 from gateway.errors import StoreError
 from gateway.records import Record, State
 from gateway.store.base import Store
+from gateway.store.postgres_batch import Batched, claim_arrays, complete_arrays
 from gateway.store.postgres_pool import Pool
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def expand(sql: str, prefix: str, channel: str) -> str:
 _STATEMENTS = (
     "claim", "complete", "release", "unresolved", "expire", "get", "leases", "check_begin",
     "park", "locked", "stats", "reap", "accept", "pick", "retry", "request", "due",
-    "queue_stats", "last_successes",
+    "queue_stats", "last_successes", "claim_batch", "complete_batch",
 )  # fmt: skip
 
 
@@ -121,6 +122,12 @@ class Database:
         self._max = max_connections
         self._on_connect = on_connect
         self._pool: Pool | None = None
+        #: claims and completions, batched when they queue for a connection
+        #: (postgres_batch.py); a completion that writes the last success runs alone
+        self.batchers = {
+            "claim": Batched(self, "claim", claim_arrays),
+            "complete": Batched(self, "complete", complete_arrays, alone=lambda a: bool(a[6])),
+        }
 
     async def _setup(self, conn: asyncpg.Connection) -> None:
         await _init_connection(conn)
@@ -141,6 +148,14 @@ class Database:
 
     async def fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
         return await self.call(lambda conn: conn.fetchrow(self.statements[name], *args), name)
+
+    async def batched(self, name: str, *args: Any) -> asyncpg.Record | None:
+        """fetchrow, batched with the same statement's other callers when they all
+        queue for a connection (claim and complete; the others are not batched)."""
+        batcher = self.batchers.get(name)
+        if batcher is None:
+            return await self.fetchrow(name, *args)
+        return await batcher.fetchrow(*args)
 
     async def call(self, work: Callable[[asyncpg.Connection], Awaitable[T]], what: str) -> T:
         """`work` on a pooled connection within the store's timeout, once more on a new
