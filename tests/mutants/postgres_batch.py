@@ -1,0 +1,47 @@
+"""The PostgreSQL store's group commit (postgres_batch.py), broken one place at a time."""
+
+from tests.mutants import Mutant
+
+BATCH = "gateway/store/postgres_batch.py"
+SQL = "gateway/store/postgres_sql.py"
+TESTS = "tests/test_store_postgres_batch.py"
+
+MUTANTS = [
+    Mutant(
+        name="pg-batch-answers-reversed",
+        path=BATCH,
+        old="        return [by_ordinal.get(i) for i in range(1, len(taken) + 1)]\n",
+        new="        return [by_ordinal.get(len(taken) + 1 - i)"
+        " for i in range(1, len(taken) + 1)]\n",
+        tests=(f"{TESTS}::test_each_caller_gets_its_own_answer_from_a_mixed_batch",),
+        breaks="a caller gets another caller's answer: a new key's caller replays another "
+        "key's response, a stale run is told its completion stored",
+    ),
+    Mutant(
+        name="pg-batch-unsorted",
+        path=BATCH,
+        old="        taken.sort(key=lambda e: e.args[0])\n",
+        new="",
+        tests=(f"{TESTS}::test_two_batches_of_the_same_keys_in_opposite_orders_do_not_deadlock",),
+        breaks="two batches lock the same rows in opposite orders: a deadlock, one batch "
+        "aborted after deadlock_timeout (a second of every caller's latency)",
+    ),
+    Mutant(
+        name="pg-batch-failure-not-alone",
+        path=BATCH,
+        old="            self.alone += len(taken)\n            return [_ALONE] * len(taken)\n",
+        new="            raise\n",
+        tests=(f"{TESTS}::test_one_failing_entry_fails_alone_and_the_others_are_claimed",),
+        breaks="one entry's error fails every caller of its batch (503s for claims that "
+        "would have succeeded)",
+    ),
+    Mutant(
+        name="pg-batch-last-success-batched",
+        path=SQL,
+        old='Batched(self, "complete", complete_arrays, alone=lambda a: bool(a[6]))',
+        new='Batched(self, "complete", complete_arrays)',
+        tests=(f"{TESTS}::test_completions_that_write_the_last_success_run_alone",),
+        breaks="a completion that asks for the route's last success joins a batch, "
+        "whose statement does not write it: the route's last success goes stale",
+    ),
+]
