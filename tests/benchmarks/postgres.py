@@ -90,6 +90,10 @@ class Measured:
     store_cpu_us: float
     replayed: int
     errors: int
+    #: PostgreSQL's transactions that wrote (each takes a transaction id) per request:
+    #: 2 for a first request whose claim and completion commit alone, less when the
+    #: store's group commit (postgres_batch.py) puts several in one statement
+    xids: float = 0.0
 
 
 @dataclass
@@ -145,6 +149,12 @@ routes:
         else:
             self.pg.sql("TRUNCATE gateway_records")
 
+    def next_xid(self, store: str) -> int:
+        """The next transaction id PostgreSQL will assign (read without taking one)."""
+        if store != "postgres":
+            return 0
+        return int(self.pg.sql("SELECT pg_snapshot_xmax(pg_current_snapshot())::text")[0][0])
+
     def store_pids(self, store: str) -> list[int]:
         if store == "redis":
             return [self.redis.proc.pid]
@@ -179,8 +189,10 @@ def measure(site: Site, store: str, run: int) -> dict[str, Measured]:
             if site.args.warmup > 0:
                 site.wrk_run(port, mode, site.args.warmup, tag + "w")
             before_store = site.store_pids(store)
+            xid = site.next_xid(store)
             cpu = h.cpu_seconds(gateway_pids), h.cpu_seconds(before_store)
             data = site.wrk_run(port, mode, site.args.duration, tag)
+            xids = site.next_xid(store) - xid
             # Backends opened during the run count from 0; none close (the pool keeps them).
             after_store = sorted(set(before_store) | set(site.store_pids(store)))
             n = max(int(data["requests"]), 1)
@@ -192,12 +204,13 @@ def measure(site: Site, store: str, run: int) -> dict[str, Measured]:
                 store_cpu_us=(h.cpu_seconds(after_store) - cpu[1]) * 1e6 / n,
                 replayed=int(data["replayed"]),
                 errors=h.wrk_errors(data),
+                xids=xids / n,
             )
             m = out[mode]
             print(
                 f"# run {run} {store:<8} {mode:<6} {m.rps:>8,.0f} req/s  p99 {m.p99_ms:6.1f} ms  "
                 f"gateway {m.cpu_us:4.0f} us/req  store {m.store_cpu_us:4.0f} us/req  "
-                f"errors {m.errors}",
+                f"errors {m.errors}" + (f"  writes {m.xids:.2f}/req" if m.xids else ""),
                 file=sys.stderr,
                 flush=True,
             )
@@ -406,8 +419,8 @@ def report(
     )
     print()
     print("| store | workload | req/s | p50 ms | p99 ms | gateway CPU us/req | store CPU us/req "
-          "| replayed | errors |")  # fmt: skip
-    print("|---|---|--:|--:|--:|--:|--:|--:|--:|")
+          "| replayed | errors | writing transactions/req |")  # fmt: skip
+    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
     for store in STORES:
         for w in args.workloads:
             ms = [r[store][w] for r in runs]
@@ -418,7 +431,8 @@ def report(
             print(
                 f"| {store} | {w} | {h.fmt_int(med('rps'))} | {h.fmt_ms(med('p50_ms'))} | "
                 f"{h.fmt_ms(med('p99_ms'))} | {med('cpu_us'):.0f} | {med('store_cpu_us'):.0f} | "
-                f"{sum(m.replayed for m in ms):,} | {sum(m.errors for m in ms)} |"
+                f"{sum(m.replayed for m in ms):,} | {sum(m.errors for m in ms)} | "
+                f"{med('xids'):.2f} |"
             )
     print()
     targets = {"unique": ">= 0.5", "replays": ">= 0.7", "same": "", "storm": ""}
