@@ -144,6 +144,12 @@ class Batched:
             return await db.fetchrow(self.name, *args)
         return cast("asyncpg.Record | None", result)
 
+    async def close(self) -> None:
+        """End the drainers (the store is closing): their entries fail with StoreError."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
     def _start(self) -> None:
         self._waiting = True
         task = asyncio.get_running_loop().create_task(self._drain(), name=f"store-{self.name}")

@@ -141,6 +141,8 @@ class Database:
 
     async def close(self) -> None:
         if self._pool is not None:
+            for batcher in self.batchers.values():
+                await batcher.close()
             await self._pool.close()
 
     async def fetch(self, name: str, *args: Any, what: str = "") -> list[asyncpg.Record]:
