@@ -18,7 +18,7 @@ import pytest
 
 from gateway.config import StoreConfig
 from gateway.errors import StoreError
-from gateway.records import KeyRef, Record, State, StoredResponse
+from gateway.records import KeyRef, Record, State, StoredRequest, StoredResponse
 from gateway.store.postgres import PostgresStore
 from gateway.store.postgres_batch import Batched
 from tests.conftest import unique
@@ -148,6 +148,31 @@ async def test_each_caller_gets_its_own_answer_from_a_mixed_batch(
         assert found is not None and found.response == response(f"new {i}"), (i, found)
         kept = await store.get(done[i])
         assert kept is not None and kept.response == response(f"done {i}")
+
+
+async def test_deliveries_completed_in_one_batch_keep_each_its_own_attempt(
+    store: PostgresStore,
+) -> None:
+    """A delivery's completion carries its attempt (JSON, a jsonb column): in a batch,
+    as text cast in the statement; each record keeps its own."""
+    refs = [ref() for _ in range(4)]
+    for r in refs:
+        queued = await store.accept(r, "run-a", "fp", StoredRequest("POST", "/j", (), b"{}"), "t")
+        assert queued.outcome == "queued"
+        got = await store.pick(r.route, r, f"run-{r.digest}", 30, 8, "replica")
+        assert got.record is not None and got.record.run_id == f"run-{r.digest}"
+    attempts = [{"result": "status", "status": 500 + i, "note": f"n{i}"} for i in range(4)]
+    calls = [
+        store.complete(r, f"run-{r.digest}", response(f"{i}"), 60, attempts[i])
+        for i, r in enumerate(refs)
+    ]
+    tasks = await _queued(store, calls)
+    assert await asyncio.gather(*tasks) == [True] * 4
+    assert batcher(store, "complete").batched == 4
+    for i, r in enumerate(refs):
+        found = await store.get(r)
+        assert found is not None and found.state is State.COMPLETED
+        assert found.last_attempt == attempts[i] and found.response == response(f"{i}")
 
 
 async def test_the_same_key_twice_in_one_batch_decides_as_one_after_the_other(

@@ -36,6 +36,15 @@ MUTANTS = [
         "would have succeeded)",
     ),
     Mutant(
+        name="pg-batch-attempt-dropped",
+        path=BATCH,
+        old="    columns[5] = [None if a is None else json.dumps(a) for a in columns[5]]\n",
+        new="    columns[5] = [None for a in columns[5]]\n",
+        tests=(f"{TESTS}::test_deliveries_completed_in_one_batch_keep_each_its_own_attempt",),
+        breaks="a delivery completed in a batch loses its last attempt (the console and "
+        "the operator API show none)",
+    ),
+    Mutant(
         name="pg-batch-last-success-batched",
         path=SQL,
         old='Batched(self, "complete", complete_arrays, alone=lambda a: bool(a[6]))',
