@@ -16,7 +16,9 @@ same server, alternating with this tree's in each run; the last table gives the 
 per run. Workloads: `first` (a new key per transaction; this tree's claim inserts
 first, as on a route whose last claim took a new key), `replay` (one of 1,000 completed
 keys; this tree's claim reads first, as on a route whose last claim found a record) and,
-for this tree only, `first-read` and `replay-insert` (the other order of each). This
+for this tree only, `first-read` and `replay-insert` (the other order of each), and
+`first-x4` and `replay-x4` (the group commit's batched statements, BATCH keys in one
+statement: the database's CPU per key is the transaction's / BATCH). This
 tree's completions do not write the last success (it is asked for once a second per
 route); the baseline's do unless `--baseline-success false`. Nothing here fails on a
 figure.
@@ -47,12 +49,18 @@ ARGS = {
     "complete": {1: ":d::text", 2: ":d::text", 3: RESPONSE, 4: "86400000", 5: "'upstream'",
                  6: "NULL", 7: "{success}"},
 }  # fmt: skip
+#: Keys per transaction of the `-x4` workloads: the group commit's statements
+#: (claim_batch.sql, complete_batch.sql), each entry's parameters as claim.sql's and
+#: complete.sql's in ARGS, the arrays' elements one per key.
+BATCH = 4
 #: workload -> (statements, keys drawn from, the claim's order)
 WORKLOADS = {
     "first": (("claim", "complete"), 10**12, "true"),
     "replay": (("claim",), 1000, "false"),
     "first-read": (("claim", "complete"), 10**12, "false"),
     "replay-insert": (("claim",), 1000, "true"),
+    "first-x4": (("claim_batch", "complete_batch"), 10**12, "true"),
+    "replay-x4": (("claim_batch",), 1000, "false"),
 }
 PRIME = (
     "INSERT INTO gateway_records (prefix, digest, route, key, state, run_id, fingerprint,"
@@ -69,13 +77,20 @@ def emit(workload: str, success: str) -> str:
 
     names, keys, fresh = WORKLOADS[workload]
     lines = [f"\\set d random(1, {keys})"]
+    lines += [f"\\set d{i} random(1, {keys})" for i in range(BATCH) if workload.endswith("x4")]
     for name in names:
         # no ":" in a literal: pgbench would read a variable there
         sql = expand(sql_file(name), "idem", "idem_c")
         sql = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+        single = name.removesuffix("_batch")
         values = {
-            f"${n}": value.format(fresh=fresh, success=success) for n, value in ARGS[name].items()
+            f"${n}": value.format(fresh=fresh, success=success) for n, value in ARGS[single].items()
         }
+        if name != single:  # one array per parameter, an element per key (d0 .. d3)
+            values = {
+                n: "ARRAY[" + ", ".join(v.replace(":d", f":d{i}") for i in range(BATCH)) + "]"
+                for n, v in values.items()
+            }
         # longest first: $1 must not take the front of $10
         for n in sorted(values, key=len, reverse=True):
             sql = sql.replace(n, values[n])
@@ -187,6 +202,7 @@ def main() -> int:
         server.stop()
         server.remove()
     print(f"\npgbench -M prepared -c {args.clients} -j 1 -T {args.duration}, {args.runs} runs")
+    print(f"\n(a `-x4` transaction is {BATCH} keys' statements in one: per key, divide by {BATCH})")
     print("\n| tree | workload | transactions/s | database CPU us per transaction (per run) |")
     print("|---|---|--:|--:|")
     for (tree, workload), rows in found.items():
