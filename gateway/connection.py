@@ -261,8 +261,9 @@ class Connection(HttpToolsProtocol):
             self.logger.warning("refused a request: %s", refusal.detail)
         cycle = self.cycle
         self._answer = True
-        if self._in_head:
-            # A head that never completed: every request parsed before it comes first.
+        if self._in_head or cycle is None:
+            # A head that never completed (or whose cycle was never made): every
+            # request parsed before it comes first.
             ready = not self.pipeline and (cycle is None or cycle.response_complete)
         elif any(queued is cycle for queued, _ in self.pipeline):
             # Refused while it waits behind earlier requests: its app never runs.

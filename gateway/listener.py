@@ -173,6 +173,20 @@ class GatewayHttpProtocol(Connection):
                 "forwards HTTP/1.1 requests only."
             )
             raise self._refusal
+        # The target is read while the head still counts as unfinished, so a refusal of
+        # it is answered like any head's (after the requests pipelined before it).
+        try:
+            parsed_url = httptools.parse_url(self.url)
+        except httptools.HttpParserInvalidURLError:
+            parsed_url = None
+        if parsed_url is None or parsed_url.path is None:
+            # `http://host` or `http://host?q` (absolute-form without a path): llhttp
+            # passes it, and no path means nothing a route could match.
+            self._refusal = MalformedRequest(
+                "The request target has no path (for example `http://host` without `/`); "
+                "it was not forwarded."
+            )
+            raise self._refusal
         self._in_head = False
         self._head_since = None
         self._head_bytes = 0
@@ -183,7 +197,6 @@ class GatewayHttpProtocol(Connection):
         method = scope["method"] = parser.get_method().decode("ascii")
         if http_version != "1.1":
             scope["http_version"] = http_version
-        parsed_url = httptools.parse_url(self.url)
         raw_path = parsed_url.path
         path = raw_path.decode("ascii")
         if "%" in path:

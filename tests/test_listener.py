@@ -582,6 +582,23 @@ def test_a_fragment_in_the_target_is_refused(quick: Gateway) -> None:
     assert quick.count(key) == 0
 
 
+@pytest.mark.parametrize("target", ["http://jobs.example", "http://jobs.example?sleep=0"])
+def test_a_target_without_a_path_is_refused_with_an_answer(quick: Gateway, target: str) -> None:
+    """An absolute-form target without a path passes llhttp; the listener read its path
+    as None and crashed in the parser's callback, so the caller got no answer, only a
+    closed connection, and the log a traceback (found by CI's oracle run). It is a 400
+    now, after the answer of the request pipelined before it."""
+    first, key = unique("before"), unique("pathless")
+    with connect(quick.port) as sock:
+        sock.sendall(_keyed(first) + _keyed(key, target))
+        stream = read_answers(sock, until_close=True)
+    assert [a.status for a in stream.answers] == [200, 400], stream
+    assert stream.answers[1].problem() == "malformed-request"
+    assert "no path" in stream.answers[1].body.decode()
+    assert quick.count(first) == 1 and quick.count(key) == 0
+    assert "Traceback" not in quick.process.output()
+
+
 def test_refusal_of_a_head_request_has_no_body(quick: Gateway) -> None:
     """RFC 9110 9.3.2: an answer to HEAD has no body, a refusal's neither; bytes after
     it would be read as the next response (found by the h11 oracle)."""

@@ -212,7 +212,7 @@ LISTENER_STRICTER = {
     "trailer-fields": "issue 12, item 1: a chunked request's trailer fields are dropped, or "
     "the request is refused",
     "absolute-form-without-path": "`http://host` with no path: RFC 9110 4.2.3 reads it as "
-    "`/`, llhttp refuses it (docs/reliability.md, hostile client: left as found)",
+    "`/`; the gateway refuses it with 400 malformed-request (test_listener.py)",
     "upgrade": "Connection: upgrade: llhttp stops reading HTTP after an upgrade request (its "
     "body and what follows would be lost), and the gateway speaks HTTP/1.1 only: refused "
     "with 400 upgrade-refused (RFC 9110 7.8 lets a server ignore Upgrade; it cannot here)",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -236,5 +237,78 @@ async def test_a_cluster_queues_calls_beyond_max_connections(redis_cluster: Clus
             return_exceptions=True,
         )
         assert [r for r in results if isinstance(r, BaseException)] == []
+    finally:
+        await store.close()
+
+
+def _script_loads(port: int) -> int:
+    stats = redis_cli(port, "INFO", "commandstats")
+    for line in stats.splitlines():
+        if line.startswith("cmdstat_script|load:"):
+            return int(line.split("calls=")[1].split(",")[0])
+    return 0
+
+
+@pytest.mark.cluster
+async def test_a_cluster_loads_a_flushed_script_once_not_once_per_caller(
+    redis_cluster: ClusterSetup,
+) -> None:
+    """After a SCRIPT FLUSH (a restarted node, a first start) a burst of calls all meet
+    NOSCRIPT. redis-py's own fallback loads the script in each of them, on every
+    primary: the 1,000 accepts of test_delivery_process's cluster storm made thousands
+    of loads at once, which timed out, and the driver then failed commands it had
+    closed under them with AttributeError: a 500 to the caller (seen in CI). One load
+    per script is shared by every caller that met NOSCRIPT."""
+    nodes = tuple(("127.0.0.1", node.port) for node in redis_cluster.nodes)
+    config = StoreConfig(cluster_nodes=nodes, prefix=unique("fl") + ":", socket_timeout=2.0)
+    store = RedisStore(config)
+    await store.start()
+    try:
+        for node in redis_cluster.nodes:
+            redis_cli(node.port, "SCRIPT", "FLUSH")
+        before = {node.port: _script_loads(node.port) for node in redis_cluster.nodes}
+        refs = [KeyRef(record_digest("r", "", f"k{i}"), "r", f"k{i}") for i in range(200)]
+        results = await asyncio.gather(
+            *[store.claim(ref, f"run-{i}", "fp", 30) for i, ref in enumerate(refs)],
+            return_exceptions=True,
+        )
+        assert [r for r in results if r is not None] == []  # each one claimed
+        loads = {port: _script_loads(port) - count for port, count in before.items()}
+        # One load of `claim` per primary (a replica node answers none); a flush that
+        # lands between a load and its callers' retries could make it two.
+        assert max(loads.values()) <= 2, loads
+        again = await asyncio.gather(*[store.claim(ref, "other", "fp", 30) for ref in refs])
+        assert all(
+            record is not None and record.run_id == f"run-{i}" for i, record in enumerate(again)
+        )
+    finally:
+        await store.close()
+
+
+@pytest.mark.cluster
+async def test_a_cluster_connection_closed_under_commands_is_a_store_error(
+    redis_cluster: ClusterSetup,
+) -> None:
+    """redis-py's cluster client closes connections under commands still using them
+    (it does so itself after a timeout or a ClusterDownError; aclose() here does the
+    same at once). Those commands failed with AttributeError from inside the driver,
+    which the store did not take for a store error: a 500 with a traceback instead of
+    a 503 (or fail-open). Each call now ends as a record or a StoreError."""
+    nodes = tuple(("127.0.0.1", node.port) for node in redis_cluster.nodes)
+    store = RedisStore(
+        StoreConfig(cluster_nodes=nodes, prefix=unique("cl") + ":", socket_timeout=2.0)
+    )
+    await store.start()
+    try:
+        refs = [KeyRef(record_digest("r", "", f"k{i}"), "r", f"k{i}") for i in range(300)]
+        outcomes: Counter[str] = Counter()
+        for _ in range(5):
+            calls = [asyncio.ensure_future(store.get(ref)) for ref in refs]
+            await asyncio.sleep(0.002)  # some answered, some on the wire
+            await store.client.aclose()
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            outcomes.update(type(result).__name__ for result in results)
+        assert set(outcomes) <= {"NoneType", "StoreError"}, outcomes
+        assert await store.get(refs[0]) is None  # and the client works again after
     finally:
         await store.close()

@@ -183,7 +183,9 @@ class Database:
                     finally:
                         pool.release(conn, keep=keep)
             except RETRIED as exc:
-                if retried:
+                # TimeoutError is an OSError: a call that ran out of time lands here
+                # too, and is not retried (a hung database would cost it twice).
+                if retried or isinstance(exc, TimeoutError):
                     raise StoreError(f"postgresql {what} failed: {_message(exc)}") from None
                 retried = True
                 await asyncio.sleep(0.02)

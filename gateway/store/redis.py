@@ -49,7 +49,7 @@ from gateway.store.redis_delivery import RedisDeliveries, attempt_json
 from gateway.store.redis_info import read_info, report
 from gateway.store.redis_notices import RedisNotices, bounded
 from gateway.store.redis_record import decode_record, text
-from gateway.store.redis_scripts import SCRIPTS, ScriptCommands, script_source
+from gateway.store.redis_scripts import SCRIPTS, ScriptCommands, SharedLoads, script_source
 from gateway.store.redis_topology import client_for, describe, script_endpoint
 from gateway.store.resp import RespConnection, RespConnectionError, RespError
 
@@ -87,6 +87,7 @@ class RedisStore(RedisDeliveries, RedisNotices):
         self._markers = [tag + "m" for tag in self._tags]
         self._indexes = [[tag + "i:" + state for state in _INDEXED] for tag in self._tags]
         self._commands = ScriptCommands(self._scripts, self._layout, self.prefix)
+        self._cluster_scripts = SharedLoads(self.client) if self.cluster else None
         self._listener: asyncio.Task[None] | None = None
         self._closing = False
         self._hearing_due: bool | None = None
@@ -133,6 +134,8 @@ class RedisStore(RedisDeliveries, RedisNotices):
             return await self._evalsha(self._pipe, name, ref, args)
         keys, head = self._keys(ref)
         try:
+            if self._cluster_scripts is not None:
+                return await self._cluster_scripts.run(self._scripts[name], keys, [*head, *args])
             return await self._scripts[name](keys=keys, args=[*head, *args])
         except RedisError as exc:
             raise StoreError(f"redis {name} failed: {exc}") from exc

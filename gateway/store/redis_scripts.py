@@ -17,16 +17,20 @@ Redis answers, as redis-py's own fallback does, and a sha that changed drops the
 script's templates, so none keeps sending a digest Redis does not know.
 
 Cluster and `wait_for_replicas` calls go through redis-py (its slot routing, WAIT on
-a pooled connection), which packs them itself: no template is used there.
+a pooled connection), which packs them itself: no template is used there. On a cluster
+the scripts run through SharedLoads: after NOSCRIPT one SCRIPT LOAD per script is in
+flight at a time, which every caller that met NOSCRIPT waits for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from gateway.store.resp import CommandTemplate, pack_command
 
@@ -104,3 +108,41 @@ class ScriptCommands:
             script.sha = sha
             for key in [key for key in self._templates if key[0] == name]:
                 del self._templates[key]
+
+
+class SharedLoads:
+    """Scripts run on a Redis Cluster, loaded once per NOSCRIPT, not once per caller.
+
+    redis-py's AsyncScript answers NOSCRIPT by loading the script itself, in every
+    caller that met it; on a cluster each SCRIPT LOAD goes to every primary. The first
+    burst after a start or a flush (1,000 accepts of a storm) became thousands of
+    loads at once: they timed out, and redis-py's cluster client then closed
+    connections that other commands were still using, which failed inside the driver
+    (AttributeError) and reached a caller as a 500 (seen in CI on
+    test_storm_two_replicas_twenty_deliveries[cluster]). Here the first caller's load
+    is shared: the others wait for it, then run the script again."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._loading: dict[str, asyncio.Future[Any]] = {}
+
+    async def run(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        try:
+            return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await self._load(script)
+            return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+
+    async def _load(self, script: AsyncScript) -> None:
+        loading = self._loading.get(script.sha)
+        if loading is None:
+            loading = asyncio.ensure_future(self._client.script_load(script.script))
+            self._loading[script.sha] = loading
+            loading.add_done_callback(lambda done, sha=script.sha: self._done(sha, done))
+        # Shielded: a caller cancelled while it waits does not cancel the others' load.
+        await asyncio.shield(loading)
+
+    def _done(self, sha: str, done: asyncio.Future[Any]) -> None:
+        self._loading.pop(sha, None)  # a later NOSCRIPT (a flushed node) loads again
+        if not done.cancelled():
+            done.exception()  # retrieved here too: every waiter may have gone

@@ -14,6 +14,14 @@ def t(*names: str) -> tuple[str, ...]:
 
 MUTANTS = [
     Mutant(
+        name="pathless-target-crashes",
+        path=SOURCE,
+        old="        if parsed_url is None or parsed_url.path is None:",
+        new="        if parsed_url is None:",
+        tests=t("test_a_target_without_a_path_is_refused_with_an_answer"),
+        breaks="`GET http://host` crashes the listener's callback: no answer, a traceback",
+    ),
+    Mutant(
         name="trailers-become-headers",
         path=SOURCE,
         old="        if self._in_head:\n            name = name.lower()",

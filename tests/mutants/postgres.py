@@ -140,4 +140,12 @@ MUTANTS = [
         breaks="a connection whose call timed out mid-statement is lent again: the next "
         "call fails on it or reads the cut call's answer",
     ),
+    Mutant(
+        name="pg-timeout-retried",
+        path="gateway/store/postgres_sql.py",
+        old="                if retried or isinstance(exc, TimeoutError):\n",
+        new="                if retried:\n",
+        tests=(f"{POSTGRES}::test_a_call_that_runs_out_of_time_is_not_retried",),
+        breaks="a call that timed out runs again: a hung database costs a request twice",
+    ),
 ]

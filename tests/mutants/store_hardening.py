@@ -83,4 +83,20 @@ MUTANTS = [
         tests=(C + "test_a_value_before_the_action_is_not_overwritten_by_the_actions_default",),
         breaks="`keys --admin-url URL list` goes to the default URL instead",
     ),
+    Mutant(
+        name="cluster-script-loaded-per-caller",
+        path="gateway/store/redis_scripts.py",
+        old="        loading = self._loading.get(script.sha)\n",
+        new="        loading = None\n",
+        tests=(S + "test_a_cluster_loads_a_flushed_script_once_not_once_per_caller",),
+        breaks="after NOSCRIPT every caller loads the script on every primary (a storm's herd)",
+    ),
+    Mutant(
+        name="cluster-closed-connection-is-a-500",
+        path="gateway/store/redis_topology.py",
+        old="    except AttributeError as exc:\n",
+        new="    except NotImplementedError as exc:\n",
+        tests=(S + "test_a_cluster_connection_closed_under_commands_is_a_store_error",),
+        breaks="a command redis-py's cluster client closed under it escapes as a 500",
+    ),
 ]
