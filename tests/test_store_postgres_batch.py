@@ -305,3 +305,150 @@ async def test_completions_that_write_the_last_success_run_alone(store: Postgres
     await busy
     assert batcher(store, "complete").sent == 0
     assert "fresh-route" in await store.last_successes()
+
+
+# --- found by a review that tried to break the group commit -----------------------------
+
+
+def _store(server: PostgresServer, **settings: Any) -> PostgresStore:
+    config = StoreConfig(url=server.url, prefix=unique("b") + ":", max_connections=1, **settings)
+    s = PostgresStore(config)
+    s._success_due["r"] = time.monotonic() + 3600
+    return s
+
+
+async def _hold_the_connection(store: PostgresStore, seconds: float) -> asyncio.Task[Any]:
+    busy = asyncio.create_task(
+        store.db.call(lambda conn: conn.fetchval(f"SELECT pg_sleep({seconds})"), "busy")
+    )
+    while store.db.pool().free():
+        await asyncio.sleep(0.001)
+    return busy
+
+
+async def test_closing_the_store_answers_every_queued_caller(
+    postgres_database: PostgresServer,
+) -> None:
+    """A drainer cancelled by close() before its first step never ran its own error
+    path: its queued callers, and every later caller of that statement (the batcher
+    still thought a drainer was waiting), got no answer at all."""
+    store = _store(postgres_database)
+    busy = await _hold_the_connection(store, 0.2)
+    queued = asyncio.ensure_future(store.claim(ref(), "run-1", "fp", 30))
+    await asyncio.sleep(0)  # queued, its drainer made but not yet run
+    assert batcher(store, "claim")._waiting
+    await store.close()
+    await asyncio.gather(busy, return_exceptions=True)
+    later = asyncio.ensure_future(store.claim(ref(), "run-2", "fp", 30))
+    done, pending = await asyncio.wait([queued, later], timeout=5)
+    for task in pending:
+        task.cancel()
+    assert not pending, "a caller was left without an answer"
+    assert all(isinstance(task.exception(), StoreError) for task in done)
+
+
+async def test_a_key_locked_elsewhere_does_not_fail_the_rest_of_its_batch(
+    postgres_database: PostgresServer,
+) -> None:
+    """Another transaction holds one key's row. Its completion waits; the others in
+    its batch completed before only if they ran alone: in one statement they all timed
+    out, and three upstream answers were lost (their keys left in flight, then
+    unresolved). lock_timeout (half the statement's) ends the batch early, and its
+    entries run alone: only the held key's caller gets the StoreError."""
+    store = _store(postgres_database, socket_timeout=0.5)
+    held, *others = [ref() for _ in range(4)]
+    for i, r in enumerate([held, *others]):
+        assert await store.claim(r, f"run-{i}", "fp", 30) is None
+    other = await asyncpg.connect(postgres_database.url)
+    try:
+        async with other.transaction():
+            await other.execute(
+                "SELECT 1 FROM gateway_records WHERE prefix = $1 AND digest = $2 FOR UPDATE",
+                store.prefix,
+                held.digest,
+            )
+            calls = [
+                store.complete(r, f"run-{i}", response(str(i)), 60)
+                for i, r in enumerate([held, *others])
+            ]
+            tasks = await _queued(store, calls)
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        await other.close()
+    try:
+        assert isinstance(results[0], StoreError) and results[1:] == [True, True, True], results
+        for i, r in enumerate(others, start=1):
+            found = await store.get(r)
+            assert found is not None and found.state is State.COMPLETED
+            assert found.response == response(str(i))
+        assert batcher(store, "complete").batches == 1
+    finally:
+        await store.close()
+
+
+async def test_a_lost_connection_sends_the_batch_again_not_each_entry_alone(
+    store: PostgresStore, postgres_database: PostgresServer
+) -> None:
+    """A connection killed under a batch is Database.call's to retry (the batch again,
+    on a new connection): asyncpg's connection errors are PostgresErrors too, and were
+    taken for one entry's error, sending every entry to run alone."""
+    held, a, b = ref(), ref(), ref()
+    other = await asyncpg.connect(postgres_database.url)
+    try:
+        async with other.transaction():
+            won = await other.fetchrow(
+                store.db.statements["claim"], held.digest, "r", held.key, "run-h", "fp",
+                30000, "", True,
+            )  # fmt: skip
+            assert won["outcome"] == 1
+            calls = [store.claim(r, f"run-{r.key}", "fp", 30) for r in (held, a, b)]
+            tasks = await _queued(store, calls)
+            await _sessions_waiting_on_a_lock(postgres_database, 1)
+            postgres_database.sql(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'idempotency-gateway' AND wait_event_type = 'Lock'"
+            )
+            await asyncio.sleep(0.05)
+            raise _RollBack
+    except _RollBack:
+        pass
+    finally:
+        await other.close()
+    assert await asyncio.gather(*tasks) == [None, None, None]
+    claims = batcher(store, "claim")
+    assert claims.alone == 0 and claims.batches == 2, (claims.batches, claims.alone)
+
+
+class _RollBack(Exception):
+    """Leaves `async with conn.transaction()` by rolling it back."""
+
+
+async def test_a_database_that_gives_no_connection_fails_the_whole_queue_at_once(
+    postgres_database: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No connection within the deadline (the database hung): every queued call fails
+    then. Taking one batch per drainer answered the rest one deadline per batch later,
+    minutes behind a long queue."""
+    timeout = 0.25
+    store = _store(postgres_database, socket_timeout=timeout)
+    batcher(store, "claim")._cap = 2  # a small cap stands for a long queue
+    stuck = asyncio.create_task(store.db.call(lambda conn: asyncio.sleep(30), "stuck"))
+    while store.db.pool().free():
+        await asyncio.sleep(0.001)
+
+    async def hang(**_: Any) -> None:
+        await asyncio.sleep(30)
+
+    monkeypatch.setattr(asyncpg, "connect", hang)  # the database takes no new connection
+    start = time.monotonic()
+
+    async def claim(i: int) -> float:
+        with pytest.raises(StoreError):
+            await store.claim(ref(), f"run-{i}", "fp", 30)
+        return time.monotonic() - start
+
+    took = await asyncio.gather(*[claim(i) for i in range(6)])
+    await asyncio.gather(stuck, return_exceptions=True)
+    store.db._pool = None  # its one connection is gone with `stuck`: nothing to close
+    # One deadline (2 x socket_timeout) for every caller, not one per batch of two.
+    assert max(took) - min(took) < timeout, took

@@ -85,6 +85,14 @@ BATCH_CAP = 64
 
 #: An entry's answer when its batch failed on a server error: run it alone.
 _ALONE = object()
+#: Server errors that mean the connection went, not the statement: Database.call retries
+#: the whole batch once on a new connection (asyncpg makes them PostgresErrors too).
+_CONNECTION_LOST = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.CannotConnectNowError,
+)
 
 
 class _Entry:
@@ -130,6 +138,7 @@ class Batched:
         #: a drainer is waiting for a connection (it will take the queue)
         self._waiting = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
         #: statements the drainers sent, those of more than one entry, the entries those
         #: carried, and the entries sent back to run alone (tests read them)
         self.sent = 0
@@ -138,6 +147,8 @@ class Batched:
         self.alone = 0
 
     async def fetchrow(self, *args: Any) -> asyncpg.Record | None:
+        if self._closed:
+            raise StoreError(f"postgresql {self.name} failed: the store is closed")
         db = self._db
         if (not self._queue and db.pool().free()) or (self._alone and self._alone(args)):
             return await db.fetchrow(self.name, *args)
@@ -157,10 +168,21 @@ class Batched:
         return cast("asyncpg.Record | None", result)
 
     async def close(self) -> None:
-        """End the drainers (the store is closing): their entries fail with StoreError."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """End the drainers (the store is closing): every entry, taken or queued, fails
+        with StoreError. A drainer cancelled before its first step never runs its own
+        error path, so the queue is failed here too (else its callers wait forever)."""
+        self._closed = True
+        while self._tasks:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        queued, self._queue = self._queue, []
+        self._waiting = False
+        for entry in queued:
+            if not entry.future.done():
+                entry.future.set_exception(
+                    StoreError(f"postgresql {self.name} failed: the store is closed")
+                )
 
     def _start(self) -> None:
         self._waiting = True
@@ -168,12 +190,14 @@ class Batched:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _take(self) -> list[_Entry]:
-        """The queue's entries, up to the cap, in digest order (the lock order); a
-        stable sort keeps two entries of one key in the order their callers came."""
+    def _take(self, everything: bool = False) -> list[_Entry]:
+        """The queue's entries, up to the cap (or all), in digest order (the lock
+        order); a stable sort keeps two entries of one key in the order their callers
+        came."""
         self._waiting = False  # from now on a new entry needs a new drainer
-        taken = [e for e in self._queue[: self._cap] if not e.future.done()]
-        del self._queue[: self._cap]
+        cut = len(self._queue) if everything else self._cap
+        taken = [e for e in self._queue[:cut] if not e.future.done()]
+        del self._queue[:cut]
         if self._queue:
             self._start()
         taken.sort(key=lambda e: e.args[0])
@@ -191,8 +215,12 @@ class Batched:
         try:
             answers = await self._db.call(work, self.name)
         except BaseException as exc:
-            if taken is None:  # no connection came: the queue fails as its calls would
-                taken = self._take()
+            if taken is None:
+                # No connection came within the deadline: the database is down or hung,
+                # and every queued call would wait as long for the same answer. All of
+                # them fail now; taking only a batch would answer the rest one deadline
+                # per BATCH_CAP later (minutes behind a long queue).
+                taken = self._take(everything=True)
             message = str(exc) if isinstance(exc, StoreError) else f"postgresql {self.name} failed"
             for entry in taken:
                 if not entry.future.done():
@@ -218,9 +246,11 @@ class Batched:
             rows = await conn.fetch(
                 statements[f"{self.name}_batch"], *self._arrays([e.args for e in taken])
             )
-        except asyncpg.QueryCanceledError:
-            raise  # the statement's time ran out: a timeout, never retried
+        except (asyncpg.QueryCanceledError, *_CONNECTION_LOST):
+            raise  # a timeout (never retried), or a lost connection (retried whole)
         except asyncpg.PostgresError:
+            # lock_timeout (connect_args: half the statement's) lands here too: one
+            # entry's key held by another transaction does not time out the others.
             # One entry's error aborted the transaction: nothing was written. Each runs
             # alone, and fails or succeeds on its own.
             self.alone += len(taken)

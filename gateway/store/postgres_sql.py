@@ -257,6 +257,11 @@ def connect_args(config: StoreConfig) -> dict[str, Any]:
         "command_timeout": config.socket_timeout,
         "server_settings": {
             "statement_timeout": timeout_ms,
+            # A key locked by another transaction for half the statement's time fails
+            # the statement instead: a batch of claims or completions then runs its
+            # entries alone, so one held key does not time out the others
+            # (postgres_batch.py).
+            "lock_timeout": str(max(1, int(config.socket_timeout * 500))),
             "application_name": "idempotency-gateway",
         },
     }
