@@ -53,4 +53,38 @@ MUTANTS = [
         breaks="a completion that asks for the route's last success joins a batch, "
         "whose statement does not write it: the route's last success goes stale",
     ),
+    Mutant(
+        name="pg-batch-close-leaves-the-queue",
+        path=BATCH,
+        old="        queued, self._queue = self._queue, []\n",
+        new="        queued = []\n",
+        tests=(f"{TESTS}::test_closing_the_store_answers_every_queued_caller",),
+        breaks="callers queued when the store closes wait forever (a shutdown that hangs)",
+    ),
+    Mutant(
+        name="pg-no-lock-timeout",
+        path=SQL,
+        old='            "lock_timeout": str(max(1, int(config.socket_timeout * 500))),\n',
+        new="",
+        tests=(f"{TESTS}::test_a_key_locked_elsewhere_does_not_fail_the_rest_of_its_batch",),
+        breaks="one key locked elsewhere times out its whole batch: the others' upstream "
+        "answers are lost and their keys end unresolved",
+    ),
+    Mutant(
+        name="pg-batch-lost-connection-alone",
+        path=BATCH,
+        old="        except (asyncpg.QueryCanceledError, *_CONNECTION_LOST):\n",
+        new="        except asyncpg.QueryCanceledError:\n",
+        tests=(f"{TESTS}::test_a_lost_connection_sends_the_batch_again_not_each_entry_alone",),
+        breaks="a connection lost under a batch sends every entry to run alone",
+    ),
+    Mutant(
+        name="pg-batch-outage-one-batch-a-deadline",
+        path=BATCH,
+        old="                taken = self._take(everything=True)\n",
+        new="                taken = self._take()\n",
+        tests=(f"{TESTS}::test_a_database_that_gives_no_connection_fails_the_whole_queue_at_once",),
+        breaks="while the database hangs, a queue of callers is answered one deadline per "
+        "batch: minutes behind a long queue",
+    ),
 ]
