@@ -126,6 +126,10 @@ async def _connect(config: StoreConfig) -> asyncpg.Connection:
 
     args = connect_args(config)
     args.pop("command_timeout")
+    # The request path's lock_timeout is for batches of claims; a migration waits for
+    # another replica's migration (the advisory lock) and for the tables' locks up to
+    # the statement's timeout, as it did before.
+    args["server_settings"].pop("lock_timeout")
     return await asyncpg.connect(**args)
 
 
