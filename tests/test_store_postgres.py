@@ -23,7 +23,7 @@ from gateway.records import KeyRef, Record, State, StoredRequest, StoredResponse
 from gateway.store.postgres import REAP_LOCK, PostgresStore
 from gateway.store.postgres_schema import VERSION, migrations
 from tests.conftest import GatewayClient, config_for, migrate_database, unique, upstream_count
-from tests.support.postgres import PostgresServer
+from tests.support.postgres import PostgresServer, lock_record, sessions_waiting_on_a_lock
 from tests.support.servers import ROOT, Process, free_port, gateway_process
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -186,19 +186,6 @@ def test_migrate_on_a_store_without_a_schema_says_so(tmp_path: Path) -> None:
 # -- the claim's races (gateway_take, READ COMMITTED) ---------------------------------
 
 
-async def _waits_on_a_lock(server: PostgresServer) -> None:
-    """Until one of the store's sessions waits for a row lock (another session holds)."""
-    for _ in range(500):
-        rows = server.sql(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE application_name = 'idempotency-gateway' AND wait_event_type = 'Lock'"
-        )
-        if rows[0][0]:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the store's claim never waited for the other session's lock")
-
-
 async def _claim_beaten_by_an_uncommitted_claim(
     store: PostgresStore, server: PostgresServer, r: KeyRef
 ) -> Record | None:
@@ -213,7 +200,7 @@ async def _claim_beaten_by_an_uncommitted_claim(
             )
             assert won is not None and won["outcome"] == 1
             loser = asyncio.create_task(store.claim(r, "run-2", "fp", 30))
-            await _waits_on_a_lock(server)  # its INSERT or UPDATE waits for the winner
+            await sessions_waiting_on_a_lock(server)  # its INSERT or UPDATE waits for the winner
         return await loser
     finally:
         await winner.close()
@@ -278,13 +265,9 @@ async def test_a_duplicate_whose_key_completes_under_it_replays_the_response(
     other = await asyncpg.connect(postgres_database.url)
     try:
         async with other.transaction():
-            await other.execute(
-                "SELECT 1 FROM gateway_records WHERE prefix = $1 AND digest = $2 FOR UPDATE",
-                store.prefix,
-                r.digest,
-            )
+            await lock_record(other, store.prefix, r.digest)
             duplicate = asyncio.create_task(store.claim(r, "run-2", "fp", 30))
-            await _waits_on_a_lock(postgres_database)  # read: in flight; mark: waits
+            await sessions_waiting_on_a_lock(postgres_database)  # read: in flight; mark: waits
             sealed = store.codec.encode(r.digest, RESPONSE)
             done = await other.fetchrow(
                 store.db.statements["complete"], r.digest, "run-1", sealed, 60000, "", None, True

@@ -22,7 +22,12 @@ from gateway.records import KeyRef, Record, State, StoredRequest, StoredResponse
 from gateway.store.postgres import PostgresStore
 from gateway.store.postgres_batch import Batched
 from tests.conftest import unique
-from tests.support.postgres import PostgresServer
+from tests.support.postgres import (
+    PostgresServer,
+    end_sessions_waiting_on_a_lock,
+    lock_record,
+    sessions_waiting_on_a_lock,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -74,18 +79,6 @@ async def _queued(
         await asyncio.sleep(0)
     await busy
     return tasks
-
-
-async def _sessions_waiting_on_a_lock(server: PostgresServer, n: int) -> None:
-    for _ in range(500):
-        rows = server.sql(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE application_name = 'idempotency-gateway' AND wait_event_type = 'Lock'"
-        )
-        if rows[0][0] >= n:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{n} of the store's sessions never waited on a lock")
 
 
 def _rows(server: PostgresServer, store: PostgresStore) -> dict[str, str]:
@@ -237,7 +230,7 @@ async def test_a_caller_cancelled_in_the_queue_is_dropped_and_in_flight_leaves_t
         assert won is not None and won["outcome"] == 1
         calls = [store.claim(r, f"run-{r.digest}", "fp", 30) for r in (held, mine, after)]
         tasks = await _queued(store, calls)
-        await _sessions_waiting_on_a_lock(postgres_database, 1)
+        await sessions_waiting_on_a_lock(postgres_database, 1)
         victim = tasks[[held, mine, after].index(mine)]
         victim.cancel()
         await asyncio.sleep(0.05)
@@ -271,9 +264,9 @@ async def test_two_batches_of_the_same_keys_in_opposite_orders_do_not_deadlock(
         won = await other.fetchrow(claim, m.digest, "r", m.key, "run-h", "fp", 30000, "", True)
         assert won is not None and won["outcome"] == 1
         in_a = await _queued(a, [a.claim(r, f"a-{r.key}", "fp", 30) for r in (x, m, y)])
-        await _sessions_waiting_on_a_lock(postgres_database, 1)
+        await sessions_waiting_on_a_lock(postgres_database, 1)
         in_b = await _queued(b, [b.claim(r, f"b-{r.key}", "fp", 30) for r in (y, x)])
-        await _sessions_waiting_on_a_lock(postgres_database, 2)
+        await sessions_waiting_on_a_lock(postgres_database, 2)
         await tx.rollback()
         found: list[Any] = await asyncio.gather(*in_a, *in_b)
     finally:
@@ -362,11 +355,7 @@ async def test_a_key_locked_elsewhere_does_not_fail_the_rest_of_its_batch(
     other = await asyncpg.connect(postgres_database.url)
     try:
         async with other.transaction():
-            await other.execute(
-                "SELECT 1 FROM gateway_records WHERE prefix = $1 AND digest = $2 FOR UPDATE",
-                store.prefix,
-                held.digest,
-            )
+            await lock_record(other, store.prefix, held.digest)
             calls = [
                 store.complete(r, f"run-{i}", response(str(i)), 60)
                 for i, r in enumerate([held, *others])
@@ -403,11 +392,8 @@ async def test_a_lost_connection_sends_the_batch_again_not_each_entry_alone(
             assert won["outcome"] == 1
             calls = [store.claim(r, f"run-{r.key}", "fp", 30) for r in (held, a, b)]
             tasks = await _queued(store, calls)
-            await _sessions_waiting_on_a_lock(postgres_database, 1)
-            postgres_database.sql(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = 'idempotency-gateway' AND wait_event_type = 'Lock'"
-            )
+            await sessions_waiting_on_a_lock(postgres_database, 1)
+            end_sessions_waiting_on_a_lock(postgres_database)
             await asyncio.sleep(0.05)
             raise _RollBack
     except _RollBack:

@@ -249,10 +249,10 @@ class Batched:
         except (asyncpg.QueryCanceledError, *_CONNECTION_LOST):
             raise  # a timeout (never retried), or a lost connection (retried whole)
         except asyncpg.PostgresError:
-            # lock_timeout (connect_args: half the statement's) lands here too: one
-            # entry's key held by another transaction does not time out the others.
             # One entry's error aborted the transaction: nothing was written. Each runs
-            # alone, and fails or succeeds on its own.
+            # alone, and fails or succeeds on its own. lock_timeout (connect_args: half
+            # the statement's) lands here too, so one entry's key held by another
+            # transaction does not time out the others.
             self.alone += len(taken)
             return [_ALONE] * len(taken)
         by_ordinal = {row["i"]: row for row in rows}

@@ -13,6 +13,7 @@ PostgreSQL refuses to run as root. Run as root (CI is), the server runs as the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import glob
 import os
@@ -223,3 +224,33 @@ class PostgresServer(Process):
     def remove(self) -> None:
         """Delete the data dir (after stop)."""
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+#: The gateway's own sessions (postgres_sql.connect_args) waiting for a lock.
+_GATEWAY_LOCK_WAITS = (
+    "FROM pg_stat_activity"
+    " WHERE application_name = 'idempotency-gateway' AND wait_event_type = 'Lock'"
+)
+
+
+async def sessions_waiting_on_a_lock(server: PostgresServer, n: int = 1) -> None:
+    """Until `n` of the gateway's sessions wait for a lock another session holds."""
+    for _ in range(500):
+        if server.sql(f"SELECT count(*) {_GATEWAY_LOCK_WAITS}")[0][0] >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{n} of the store's sessions never waited on a lock")
+
+
+def end_sessions_waiting_on_a_lock(server: PostgresServer) -> None:
+    """pg_terminate_backend on every gateway session that waits for a lock."""
+    server.sql(f"SELECT pg_terminate_backend(pid) {_GATEWAY_LOCK_WAITS}")
+
+
+async def lock_record(conn: Any, prefix: str, digest: str) -> None:
+    """Hold the record's row in `conn`'s open transaction (SELECT ... FOR UPDATE)."""
+    await conn.execute(
+        "SELECT 1 FROM gateway_records WHERE prefix = $1 AND digest = $2 FOR UPDATE",
+        prefix,
+        digest,
+    )
