@@ -7,13 +7,17 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from urllib.parse import quote, urlsplit
 
-from gateway import admin_client
-from gateway.config import Config, describe, load_config
-from gateway.config.summary import delivery_mode, retry_schedule
-from gateway.errors import ConfigError, ProblemError
+from gateway.admin import client as admin_client
+from gateway.config import Config, describe
+from gateway.config.loading import load_config_warnings
+from gateway.config.store import is_default_store
+from gateway.config.summary import answer_rule, delivery_mode, retry_schedule
+from gateway.digits import whole_number
+from gateway.errors import ConfigError, ConfigIssue, ProblemError
 from gateway.logs import setup_logging
 
 log = logging.getLogger("gateway")
@@ -27,8 +31,12 @@ def _config_path(args: argparse.Namespace) -> str:
 
 
 def _load(path: str) -> Config:
+    return _load_warnings(path)[0]
+
+
+def _load_warnings(path: str) -> tuple[Config, list[ConfigIssue]]:
     try:
-        return load_config(path)
+        return load_config_warnings(path)
     except ConfigError as exc:
         print(f"{exc}", file=sys.stderr)
         raise SystemExit(1) from None
@@ -54,12 +62,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         if refused:
             print(f"error: {path}: {refused}", file=sys.stderr)
             return 1
+    if config.store.kind == "sqlite":
+        # Before any worker starts: the file is migrated once, and one the gateway
+        # cannot use stops the start here with the fix.
+        status, text = _sqlite_open(config)
+        if status:
+            print(f"error: {path}: {text}", file=sys.stderr)
+            return 1
     if args.workers > 1:
         if config.store.kind == "memory":
             print(
                 f"error: {path}: store.url is memory://, which lives inside one process; "
                 f"{args.workers} workers would each have their own keys and run duplicates. "
-                "Use a Redis or PostgreSQL store, or --workers 1.",
+                "Use a SQLite, Redis or PostgreSQL store, or --workers 1.",
                 file=sys.stderr,
             )
             return 1
@@ -73,20 +88,44 @@ _NO_DRIVER = "a PostgreSQL store needs its driver: pip install 'idempotency-gate
 
 def _postgres_refusal(config: Config, path: str) -> str:
     try:
-        from gateway.store.postgres_schema import refusal
+        from gateway.store.postgres.schema import refusal
     except ImportError:
         return _NO_DRIVER
     return asyncio.run(refusal(config.store, path))
 
 
+def _sqlite_open(config: Config) -> tuple[int, str]:
+    """Open the SQLite store's file and apply its migrations: (0, what it did) or (1,
+    why the file cannot be used, naming it and the fix)."""
+    from gateway.store.sqlite.schema import SchemaError, open_file
+    from gateway.store.sqlite.store import sqlite_path
+
+    store = config.store
+    file = sqlite_path(store.url)
+    try:
+        version = open_file(file, store.sqlite_synchronous, max(store.connect_timeout, 1.0))
+    except SchemaError as exc:
+        if is_default_store(store, config.source):
+            return 1, (
+                f"{exc}; it is the default store (no store.url): set store.url to a "
+                "writable place, e.g. sqlite:///var/lib/idempotency-gateway/gateway.db"
+            )
+        return 1, str(exc)
+    return 0, f"{file}: schema version {version}, up to date"
+
+
 def cmd_store_migrate(args: argparse.Namespace) -> int:
     path = _config_path(args)
     config = _load(path)
+    if config.store.kind == "sqlite":
+        status, text = _sqlite_open(config)
+        print(text if not status else f"error: {text}", file=sys.stderr if status else sys.stdout)
+        return status
     if config.store.kind != "postgres":
         print(f"{path}: the store is {config.store.kind}, which has no schema; nothing to do")
         return 0
     try:
-        from gateway.store.postgres_schema import migrate_store
+        from gateway.store.postgres.schema import migrate_store
     except ImportError:
         print(f"error: {_NO_DRIVER}", file=sys.stderr)
         return 1
@@ -105,9 +144,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    config = _load(args.file)
+    config, warnings = _load_warnings(args.file)
     print(describe(config))
-    print(f"\n{args.file}: OK, {len(config.routes)} route(s)")
+    for issue in warnings:
+        place = f"{args.file}:{issue.line}:{issue.column}" if issue.line else args.file
+        print(f"{place}: warning: {issue}", file=sys.stderr)
+    noted = f", {len(warnings)} warning(s)" if warnings else ""
+    print(f"\n{args.file}: OK, {len(config.routes)} route(s){noted}")
     return 0
 
 
@@ -118,8 +161,15 @@ def cmd_config_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_reference(args: argparse.Namespace) -> int:
+    from gateway.config.reference import reference_text
+
+    sys.stdout.write(reference_text())
+    return 0
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
-    from gateway.keys import RequestParts, extract_key, fingerprint, record_digest, scope_value
+    from gateway.keying import RequestParts, extract_key, fingerprint, record_digest, scope_value
     from gateway.routes import Router
 
     config = _load(_config_path(args))
@@ -135,6 +185,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     print(f"delivery:    {delivery_mode(route, config.server.max_deliveries)}")
     if route.delivery.mode == "async":
         print(f"retry:       {retry_schedule(route)}")
+    if route.key is not None:
+        print(f"answers:     {answer_rule(route)}")
     if match.params:
         print(f"params:      {match.params}")
     headers: list[tuple[str, str]] = []
@@ -199,6 +251,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _counted(low: int, high: int) -> Callable[[str], int]:
+    """An argument that is a whole number from `low` to `high`, in ASCII digits."""
+
+    def read(text: str) -> int:
+        number = whole_number(text)
+        if number is None or not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from {low} to {high}")
+        return number
+
+    return read
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="idempotency-gateway",
@@ -211,9 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     run.add_argument(
         "--workers",
-        type=int,
+        type=_counted(1, 1024),
         default=1,
-        help="worker processes sharing the listeners (Redis and PostgreSQL stores)",
+        help="worker processes sharing the listeners (SQLite, Redis and PostgreSQL stores)",
     )
     run.set_defaults(func=cmd_run)
 
@@ -232,6 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the JSON Schema of the config file (for editors; docs/config.schema.json)",
     )
     schema.set_defaults(func=cmd_config_schema)
+
+    reference = sub.add_parser(
+        "config-reference",
+        help="print the configuration reference in Markdown (docs/configuration.md)",
+    )
+    reference.set_defaults(func=cmd_config_reference)
 
     explain = sub.add_parser("explain", help="dry run: which route, key and fingerprint")
     explain.add_argument("--config", help="config file (default: $GATEWAY_CONFIG)")
@@ -255,9 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.set_defaults(func=cmd_store_migrate)
 
     demo = sub.add_parser("demo", help="an example job endpoint behind the gateway, no Redis")
-    demo.add_argument("--port", type=int, default=8080)
-    demo.add_argument("--admin-port", type=int, default=9090)
-    demo.add_argument("--job-port", type=int, default=5000)
+    port = _counted(1, 65535)
+    demo.add_argument("--port", type=port, default=8080)
+    demo.add_argument("--admin-port", type=port, default=9090)
+    demo.add_argument("--job-port", type=port, default=5000)
     demo.set_defaults(func=cmd_demo)
 
     admin_client.add_parser(sub)

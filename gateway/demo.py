@@ -14,7 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from gateway.config import parse_config
+from gateway.config import ServerConfig, parse_config
+from gateway.http.protocol import protocol_for
 from gateway.serve import serve, uvicorn_server
 
 log = logging.getLogger("gateway.demo")
@@ -85,7 +86,8 @@ def instructions(port: int, admin_port: int) -> str:
     return f"""
 Idempotency Gateway demo: job endpoint behind the gateway, in-memory store.
 
-Send the same job twice in parallel (the article's test):
+Send the same job twice in parallel (the test of "Make scheduled job handlers
+idempotent: safe to run twice", delay.run on DEV Community):
 
   for i in 1 2; do
     curl -s -i -X POST localhost:{port}/jobs/send-reminder \\
@@ -116,7 +118,8 @@ Stop with Ctrl-C.
 
 async def run_demo(port: int, admin_port: int, job_port: int) -> None:
     config = parse_config(demo_config(port, admin_port, job_port), "demo")
-    jobs = uvicorn_server(job_app(), f"127.0.0.1:{job_port}")
+    listen = f"127.0.0.1:{job_port}"
+    jobs = uvicorn_server(job_app(), listen, protocol_for(ServerConfig), date_header=True)
     job_task = asyncio.create_task(jobs.serve())
     while not jobs.started:
         if job_task.done():

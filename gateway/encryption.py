@@ -168,7 +168,7 @@ class ResponseCodec:
         plain = self.open(digest, KIND_REQUEST, data)
         try:
             return StoredRequest.decode(plain)
-        except (ValueError, TypeError):
+        except ValueError:
             raise Unreadable("the stored bytes are damaged: not a stored request") from None
 
     def encode_token(self, digest: str, token: str) -> bytes:
@@ -215,7 +215,7 @@ PLAIN_REFUSED = (
 def _plain(data: bytes) -> StoredResponse:
     try:
         return StoredResponse.decode(data)
-    except (ValueError, TypeError):
+    except ValueError:
         raise Unreadable("the stored bytes are damaged: not a stored response") from None
 
 

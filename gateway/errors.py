@@ -7,11 +7,13 @@
     │   ├── NotSent            the request never left: safe to run again
     │   └── OutcomeLost        it was sent and the answer was lost: never resend blind
     └── ProblemError           answered to a caller as RFC 9457 problem+json
+        ├── AcceptedUnconfirmed 202: queued for delivery, but the store's replicas did not
+        │                          confirm it in time: it will run unless a failover loses it
         ├── BadRequest         400: the request cannot be keyed (malformed body, bad key)
         │   ├── MalformedRequest 400: not valid HTTP/1.1 or its framing is ambiguous
         │   │   ├── BadHost      400: no Host (HTTP/1.1), more than one, or an invalid one
         │   │   └── UpgradeRefused 400: Connection: upgrade; the gateway does not switch
-        │   └── AmbiguousPath  400: an encoded slash or a backslash on a keyed route
+        │   └── AmbiguousPath  400: an encoded slash, a backslash or ..;x on a keyed route
         ├── MissingKey         400: the route needs a key and the request has none
         ├── NoRoute            404: no route matches
         ├── UnknownStatus      404: a status URL that names no delivery (whatever is wrong)
@@ -24,6 +26,8 @@
         │   └── OutcomePending 409: its outcome is unknown (unresolved, parked, claimed)
         ├── FingerprintMismatch 422: same key, different request
         ├── ResponseUnreadable 500: the stored response cannot be decrypted; kept as is
+        ├── InternalError      500: an unexpected error on the request's path; its cause
+        │                          and traceback are logged, never answered
         ├── UpstreamFailed     502: the upstream could not be reached (never sent)
         ├── StoreUnavailable   503: the store is down and the route fails closed
         ├── QueueFull          503: an async route has delivery.max_queued waiting
@@ -38,17 +42,23 @@
             │   └── NotYourName       an "operator" field that differs from the authenticated name
             ├── OperatorApiDisabled   404: no admin.token and no admin.operators
             ├── UnknownKey            404: no record for this route and key
+            ├── UnknownPath           404: nothing on the admin listener has this path
+            ├── WrongMethod           405: the path does not take this method
+            ├── OperatorCallFailed    500: an unexpected error; the log says which
             ├── HeldByAnother         409: another operator holds the key (claim without force)
             ├── NotTheHolder          409: only the operator holding the key may resolve it
             ├── InvalidTransition     409: not a legal move from the key's state
             ├── OperatorBodyTooLarge  413: larger than the call can need
+            ├── InvalidText           422: a name, note or body holds text the gateway
+            │                             cannot keep (gateway/operators/text.py)
             └── BadOperatorRequest    400: the call cannot be acted on as sent
                 ├── BadFilter         a listing's state or older_than is not valid
                 ├── NotJsonObject     the body is not a JSON object
                 ├── OperatorRequired  the body does not name the operator
                 ├── BadOutcome        outcome is neither "done" nor "retry"
                 ├── DigestRequired    a scoped route's record needs ?digest=
-                └── BadResponse       the response given could not be replayed as given
+                ├── BadResponse       the response given could not be replayed as given
+                └── NotHttp           not valid HTTP/1.1 (the admin listener's parser)
 
 Each ProblemError knows its `type`, `title` and status, and renders itself. A title is
 the same for every occurrence of its type (RFC 9457 3.1.3); what this occurrence got
@@ -98,7 +108,16 @@ class ConfigError(GatewayError):
 
 
 class StoreError(GatewayError):
-    """A store operation failed; the driver's exception is the __cause__."""
+    """A store operation failed; the driver's exception is the __cause__. Its message
+    (for the log, never the caller) names what failed and why: `because` builds it
+    from a driver's exception."""
+
+    @classmethod
+    def because(cls, what: str, exc: BaseException) -> StoreError:
+        """`what` failed: `exc`'s first line, or its kind where it has no words (a
+        driver's pool-exhausted and timeout errors often have none)."""
+        words = str(exc).strip().splitlines()
+        return cls(f"{what}: {words[0] if words else type(exc).__name__}")
 
 
 class UpstreamError(GatewayError):
@@ -157,13 +176,30 @@ class ProblemError(GatewayError):
         return doc
 
     def render(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        payload = json.dumps(self.body(), ensure_ascii=False).encode()
+        body = self.body()
+        try:
+            payload = json.dumps(body, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            # A member that repeats what the caller sent (a header name, a field) may
+            # hold a lone surrogate, which UTF-8 cannot write: JSON's escape can.
+            payload = json.dumps(body).encode()
         headers = [
             (b"content-type", b"application/problem+json"),
             (b"content-length", str(len(payload)).encode()),
         ]
         headers.extend((k.lower().encode(), v.encode()) for k, v in self.headers.items())
         return self.status, headers, payload
+
+
+class AcceptedUnconfirmed(ProblemError):
+    """Not a refusal: the request is stored and queued, and it is answered 202 (RFC 9110's
+    "might or might not eventually be acted upon") with its status URL. A 503 would
+    say it was refused, and a caller that gives up on it believes a job did not run
+    that runs; a plain 202 would hide that a failover could still lose it."""
+
+    status = 202
+    slug = "accepted-unconfirmed"
+    title = "The request is stored and will most likely run; a replica has not confirmed it yet"
 
 
 class BadRequest(ProblemError):
@@ -225,7 +261,7 @@ class MethodNotAllowed(ProblemError):
 class RequestTimeout(ProblemError):
     status = 408
     slug = "request-timeout"
-    title = "The request did not arrive in time; it was not forwarded"
+    title = "The request did not arrive in time; nothing was done with it"
 
 
 class PayloadTooLarge(ProblemError):
@@ -267,6 +303,12 @@ class ResponseUnreadable(ProblemError):
     status = 500
     slug = "stored-response-unreadable"
     title = "Stored response cannot be decrypted"
+
+
+class InternalError(ProblemError):
+    status = 500
+    slug = "internal-error"
+    title = "The gateway failed on this request; the cause is in its log"
 
 
 class UpstreamFailed(ProblemError):
@@ -337,6 +379,24 @@ class UnknownKey(OperatorRefusal):
     title = "No record for this route and key"
 
 
+class UnknownPath(OperatorRefusal):
+    status = 404
+    slug = "unknown-path"
+    title = "The admin listener has nothing at this path"
+
+
+class WrongMethod(OperatorRefusal):
+    status = 405
+    slug = "wrong-method"
+    title = "This path does not take this method"
+
+
+class OperatorCallFailed(OperatorRefusal):
+    status = 500
+    slug = "operator-call-failed"
+    title = "The admin listener failed to answer this request"
+
+
 class HeldByAnother(OperatorRefusal):
     status = 409
     slug = "held-by-another-operator"
@@ -359,6 +419,12 @@ class OperatorBodyTooLarge(OperatorRefusal):
     status = 413
     slug = "request-too-large"
     title = "The request body is larger than the operator API accepts"
+
+
+class InvalidText(OperatorRefusal):
+    status = 422
+    slug = "invalid-text"
+    title = "A field holds text the gateway cannot keep"
 
 
 class BadOperatorRequest(OperatorRefusal):
@@ -395,3 +461,8 @@ class DigestRequired(BadOperatorRequest):
 class BadResponse(BadOperatorRequest):
     slug = "bad-response"
     title = "The gateway could not replay the response given as it is"
+
+
+class NotHttp(BadOperatorRequest):
+    slug = "not-http"
+    title = "The request is not valid HTTP/1.1"

@@ -17,13 +17,14 @@ import atexit
 import hashlib
 import json
 import logging
-import re
 import sys
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TextIO
+
+from gateway.records import DIGEST
 
 
 @dataclass(slots=True)
@@ -41,8 +42,6 @@ class Trace:
 
 current_trace: ContextVar[Trace | None] = ContextVar("current_trace", default=None)
 
-_DIGEST = re.compile(r"[0-9a-f]{32}")
-
 
 def access_path(path: str, status_prefix: str) -> str:
     """`path` as the access log shows it. A status URL shows its route and digest, and
@@ -53,7 +52,7 @@ def access_path(path: str, status_prefix: str) -> str:
         return path
     head = path[: at + len(status_prefix) + 1]
     parts = path[len(head) :].split("/")
-    if len(parts) >= 3 and parts[0] == "status" and _DIGEST.fullmatch(parts[2]):
+    if len(parts) >= 3 and parts[0] == "status" and DIGEST.fullmatch(parts[2]):
         return f"{head}status/{parts[1]}/{parts[2]}/***"
     return head + "***"
 

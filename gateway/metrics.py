@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from gateway.records import OPEN_STATES
 
 if TYPE_CHECKING:
-    from gateway.store.base import QueueStat, StateCount, StoreInfo
+    from gateway.records import QueueStat, StateCount, StoreInfo
 
 #: Every value the `outcome` label takes, so dashboards can rely on the set.
 OUTCOMES = (
@@ -32,9 +32,11 @@ OUTCOMES = (
     "store_error",  # 503: the store failed and the route fails closed
     "store_bypassed",  # the store failed and the route fails open
     "accepted",  # 202: queued for delivery on a delivery: async route
+    "accepted_unconfirmed",  # 202 accepted-unconfirmed: queued, a replica did not confirm it
     "queue_full",  # 503: the async route has delivery.max_queued waiting
     "status",  # a status URL answered with its delivery's state
     "status_not_found",  # 404: a status URL naming no delivery (route "": not trusted)
+    "internal_error",  # 500 internal-error: an unexpected error, logged with its cause
 )
 
 #: Every value the delivery attempts' `result` label takes.
@@ -97,6 +99,14 @@ class Metrics:
             prefix + "reconcile",
             "Checks of unknown outcomes with the upstream, by result.",
             ["route", "result"],
+            registry=self.registry,
+        )
+        self.reconcile_unsent = Counter(
+            prefix + "reconcile_unsent",
+            "Checks not sent because the key cannot be placed in reconcile.url's path "
+            "without changing where it goes (each also counts as inconclusive), by reason: "
+            "separator, dot_segment, empty_segment.",
+            ["route", "reason"],
             registry=self.registry,
         )
         self.operator_actions = Counter(

@@ -21,6 +21,8 @@ hold their request, stored apart, until they settle:
 
     (none)|released --accept(run)-->       queued      (request stored, due now; caller got 202)
     queued|retrying (due) --pick(run')-->  in_flight   (attempt n+1: a new run id, a lease)
+    in_flight --replicas did not confirm the pick--> queued|retrying (put back unsent,
+                                           attempt n again: store.wait_for_replicas)
     queued|retrying --pick, none left-->   parked      (the attempt limit was lowered)
     in_flight   --complete(run')-->        completed   (request deleted)
     in_flight   --retry_later(run', delay)-> retrying  (never sent, or a status not cached)
@@ -43,9 +45,14 @@ from __future__ import annotations
 
 import _json
 import json
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
+
+#: A record's digest as it is written everywhere (URLs, logs, the operator API): 32
+#: lowercase hex digits (keying.record_digest makes it).
+DIGEST = re.compile(r"[0-9a-f]{32}")
 
 
 class State(StrEnum):
@@ -83,11 +90,31 @@ class KeyRef:
     key: str
 
 
+def is_status(status: int) -> bool:
+    """Whether `status` is an HTTP status code at all (RFC 9110 15: 100 to 599). A
+    parser reads any three digits; a code outside these is no answer to act on: from
+    an upstream it is an unknown outcome (gateway/upstream/parser.py), and the gateway never
+    sends one (gateway/http/cycle.py)."""
+    return 100 <= status <= 599
+
+
 def is_success(status: int) -> bool:
-    """Whether an upstream's answer is the route's success: below 500. One rule for the
-    `_last_success_timestamp_seconds` gauge (outbound.py) and Store.last_successes,
-    since the overview shows the later of the two."""
-    return status < 500
+    """Whether an upstream's answer says it handled the request: 2xx, 3xx (a job
+    endpoint in the Post/Redirect/Get style does the work and answers 303; the gateway
+    never follows a redirect) and 4xx other than 408 and 429. The others may be tried
+    again: a 5xx, a 408 (the upstream gave up reading the request), a 429 (not now),
+    like a request never sent.
+
+    The one rule: it is every route's default `cache_statuses` (what completes a key
+    and is replayed; anything else releases the key, or schedules a delivery's next
+    attempt), and what counts as the route's last success, for the
+    `_last_success_timestamp_seconds` gauge (outbound.py) and Store.last_successes
+    alike, since the overview shows the later of the two."""
+    return 200 <= status < 500 and status != 408 and status != 429
+
+
+#: `is_success` as a set: the default `cache_statuses`.
+SUCCESS_STATUSES = frozenset(status for status in range(100, 600) if is_success(status))
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,11 +133,15 @@ class StoredResponse:
 
     @classmethod
     def decode(cls, data: bytes) -> StoredResponse:
+        """What `encode` wrote; ValueError for anything else (bytes changed in the
+        store: a status that is none, headers that are not text pairs)."""
         meta, _, body = data.partition(b"\n")
-        status, headers, omitted, origin = json.loads(meta)
+        status, headers, omitted, origin = _fields(meta, 4)
+        if type(status) is not int or not 100 <= status <= 599 or not isinstance(origin, str):
+            raise ValueError("not a stored response")
         return cls(
             status=status,
-            headers=tuple((k, v) for k, v in headers),
+            headers=_pairs(headers),
             body=body,
             body_omitted=bool(omitted),
             origin=origin,
@@ -151,11 +182,88 @@ class StoredRequest:
 
     @classmethod
     def decode(cls, data: bytes) -> StoredRequest:
+        """What `encode` wrote; ValueError for anything else."""
         meta, _, body = data.partition(b"\n")
-        method, target, headers = json.loads(meta)
+        method, target, headers = _fields(meta, 3)
         if not isinstance(method, str) or not isinstance(target, str):
-            raise TypeError("method and target must be text")
-        return cls(method, target, tuple((k, v) for k, v in headers), body)
+            raise ValueError("method and target must be text")
+        return cls(method, target, _pairs(headers), body)
+
+
+def _fields(meta: bytes, count: int) -> list[Any]:
+    """The JSON list of `count` fields a stored value starts with; ValueError if it is
+    not one (json.loads' own errors, nesting too deep to read included)."""
+    try:
+        fields = json.loads(meta)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+    if not isinstance(fields, list) or len(fields) != count:
+        raise ValueError(f"not a list of {count} fields")
+    return fields
+
+
+def _pairs(headers: Any) -> tuple[tuple[str, str], ...]:
+    """Stored headers, `[[name, value], ...]` of text; ValueError for anything else."""
+    if not isinstance(headers, list) or not all(
+        isinstance(h, list) and len(h) == 2 and isinstance(h[0], str) and isinstance(h[1], str)
+        for h in headers
+    ):
+        raise ValueError("headers are not pairs of text")
+    return tuple((name, value) for name, value in headers)
+
+
+#: What a history stands as when it cannot be read (its one event, `unreadable`).
+HISTORY_DAMAGED = (
+    "the stored history is damaged (not a list of events): someone with write access "
+    "to the store changed it, so it cannot be shown"
+)
+#: What a stored JSON object (a last attempt, a check's answer) reads as when damaged.
+OBJECT_DAMAGED = {"unreadable": "the stored value is damaged: not a JSON object"}
+
+
+class _Damaged:
+    """Stored JSON text that does not parse (see `stored_json`)."""
+
+
+def stored_json(text: str | bytes) -> Any:
+    """A JSON value the store kept, parsed; one that does not parse (changed in the
+    store, or nested deeper than Python reads) as a value `read_history` and
+    `read_object` say is damaged, never an exception: a record is read whatever is in
+    it, so a person can see it and resolve it."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return _Damaged()
+
+
+def read_history(value: Any, at_ms: int) -> tuple[dict[str, Any], ...]:
+    """A record's stored history (JSON text, or the value a JSON column gave; None:
+    none) as its events. Anything but a list of events with their times reads as one
+    `unreadable` event at `at_ms` that says so."""
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)):
+        value = stored_json(value)
+    if isinstance(value, list) and all(
+        isinstance(e, dict) and _a_time(e.get("at_ms")) and isinstance(e.get("event"), str)
+        for e in value
+    ):
+        return tuple(value)
+    return ({"at_ms": at_ms, "event": "unreadable", "reason": HISTORY_DAMAGED},)
+
+
+def read_object(value: Any) -> dict[str, Any]:
+    """A stored JSON object (text, or a JSON column's value; None: none, `{}`); anything
+    else reads as OBJECT_DAMAGED."""
+    if value is None:
+        return {}
+    if isinstance(value, (str, bytes)):
+        value = stored_json(value)
+    return value if isinstance(value, dict) else dict(OBJECT_DAMAGED)
+
+
+def _a_time(value: Any) -> bool:
+    return type(value) is int
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +350,12 @@ class Record:
         return doc
 
 
+def history_event(at_ms: int, event: str, **fields: Any) -> dict[str, Any]:
+    """One entry of a record's history, as every store writes it (the Lua scripts' own
+    spell it alike): when, what, and the event's fields."""
+    return {"at_ms": at_ms, "event": event, **fields}
+
+
 def describe_event(event: dict[str, Any]) -> str:
     """One history event in words, for a timeline (the console's and `keys show`'s):
     who did what, and why, from the fields the store records with it."""
@@ -270,9 +384,97 @@ def describe_event(event: dict[str, Any]) -> str:
         return f"resolved {get('outcome', '')} by {who}{note}"
     if kind == "attempt":
         return f"delivery attempt {get('attempt', '')} (run {get('run_id', '')})"
+    if kind == "put_back":
+        times = get("times")
+        again = f" ({times} times in a row)" if isinstance(times, int) and times > 1 else ""
+        return f"put back unsent{again}: {get('reason', '')}"
+    if kind == "unreadable":
+        return f"history unreadable: {get('reason', '')}"
     if kind == "retry_scheduled":
         attempt = get("attempt")
         why = get("reason") or (attempt.get("result", "") if isinstance(attempt, dict) else "")
         return "retry scheduled" + (f": {why}" if why else "")
     details = ", ".join(f"{k}={v}" for k, v in event.items() if k not in ("at_ms", "event"))
     return kind + (f" ({details})" if details else "")
+
+
+# -- what a store reports: counts for the operator surfaces and gauges, and how it keeps records
+
+
+@dataclass(frozen=True, slots=True)
+class StateCount:
+    """A route's records in one open state: how many, and the oldest's age."""
+
+    route: str
+    state: State
+    count: int
+    oldest_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStat:
+    """A route's pending deliveries: queued, retrying, and the longest wait."""
+
+    route: str
+    queued: int
+    retrying: int
+    #: the longest a due delivery has waited: queued since accepted, retrying since due
+    oldest_wait_seconds: float
+
+
+#: How much harm each maxmemory-policy can do to records, least first: noeviction
+#: refuses writes when memory is full; volatile-* evict keys with a ttl (completed
+#: and released records: their keys run again); allkeys-* evict any record.
+_EVICTION_HARM = {"noeviction": 0, "volatile": 1, "allkeys": 2}
+_AOF_HARM = {"yes": 0, "n/a": 0, "unknown": 1, "no": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class StoreInfo:
+    """How the store keeps records, as it reports it (Redis: INFO, which managed
+    services allow where CONFIG is disabled)."""
+
+    #: Redis maxmemory-policy: anything but "noeviction" may drop records, and a
+    #: dropped record is a key that runs again. "unknown" if INFO would not say.
+    maxmemory_policy: str
+    #: "yes": every write also goes to an append-only file; "no": a restart loses
+    #: what the last snapshot (if any) did not hold; "n/a": nothing to persist.
+    aof: str
+    #: where it was read, for messages: an address, or the cluster master it came from
+    source: str = ""
+    #: why INFO could not be read (an ACL without +info), if it could not: Redis's
+    #: words, for the log only
+    error: str = ""
+
+    @property
+    def evicts(self) -> bool:
+        return self.maxmemory_policy != "noeviction"
+
+    def worse(self, other: StoreInfo) -> StoreInfo:
+        """Of two servers' answers, the policy more likely to lose records and the
+        persistence more likely to lose them: what holds for all of them."""
+
+        def harm(info: StoreInfo) -> int:
+            return _EVICTION_HARM.get(info.maxmemory_policy.partition("-")[0], 3)
+
+        policy = self if harm(self) >= harm(other) else other
+        aof = max(self.aof, other.aof, key=lambda aof: _AOF_HARM.get(aof, 1))
+        return replace(policy, aof=aof)
+
+    def refusal(self, allow_eviction: bool) -> str:
+        """Why a gateway on this store is not ready, or "" if it is."""
+        if not self.evicts or allow_eviction:
+            return ""
+        where = f"Redis at {self.source}" if self.source else "Redis"
+        if self.error:
+            # Redis's own words (which user, which command) are for the log (report).
+            found = f"{where} did not say its maxmemory-policy (its INFO was refused)"
+            fix = "allow the gateway's Redis user to run INFO (+info)"
+        else:
+            found = f"{where} has maxmemory-policy {self.maxmemory_policy}"
+            fix = "set maxmemory-policy noeviction"
+        return (
+            f"{found}: it may evict records, and a key whose record is evicted runs "
+            f"again. {fix[0].upper()}{fix[1:]}, or store.allow_eviction: true if a key "
+            "may run again when Redis evicts its record"
+        )

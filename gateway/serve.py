@@ -30,18 +30,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from typing import Any
 
 import uvicorn
 
-from gateway.admin import create_admin_app
-from gateway.app import Gateway, ProxyApp
+from gateway.admin.api import create_admin_app
+from gateway.admin.listener import admin_protocol
+from gateway.assembly import Gateway
 from gateway.config import Config, ServerConfig, load_config
 from gateway.config.addresses import parse_listen
+from gateway.config.summary import config_warnings, store_at_start
 from gateway.errors import ConfigError
-from gateway.listener import protocol_for
+from gateway.http.protocol import GatewayHttpProtocol, protocol_for
 from gateway.logs import flush_access_log
+from gateway.proxy.app import ProxyApp
 
 log = logging.getLogger("gateway")
 
@@ -60,19 +63,21 @@ def split_listen(listen: str) -> tuple[str, int]:
 def uvicorn_server(
     app: Any,
     listen: str,
+    protocol: type[GatewayHttpProtocol],
     *,
     grace: float = 5.0,
-    settings: Callable[[], ServerConfig] | None = None,
+    date_header: bool = False,
 ) -> uvicorn.Server:
-    """A uvicorn server for one listener; with `settings`, the proxy listener
-    (gateway/listener.py): problem+json refusals, a bounded request head, the
-    deadlines, the connection cap and the keep-alive of `server.*`, read per
-    connection. Its responses carry the Date the app gives them (gateway/app.py adds
-    one where there is none), not a second one from uvicorn."""
+    """A uvicorn server for one listener, on `protocol`: the proxy's (gateway/http/protocol.py)
+    or the admin listener's (gateway/admin/listener.py), both with problem+json
+    refusals, a bounded request head, the deadlines, the connection cap and the
+    keep-alive of `server.*`, read per connection. The proxy's responses carry the
+    Date the app gives them (gateway/proxy/app.py adds one where there is none), not a second
+    one from uvicorn; the admin listener's get uvicorn's (`date_header`)."""
     host, port = split_listen(listen)
     config = uvicorn.Config(
         app,
-        http=protocol_for(settings) if settings is not None else "auto",
+        http=protocol,
         host=host,
         port=port,
         lifespan="off",
@@ -84,9 +89,7 @@ def uvicorn_server(
         # take X-Forwarded-For/-Proto from any loopback caller (FORWARDED_ALLOW_IPS).
         # Which proxies are believed is server.trusted_proxies (upstream.py).
         proxy_headers=False,
-        # The proxy listener adds its own Date only where a response has none
-        # (gateway/app.py), so a forwarded or replayed answer carries exactly one.
-        date_header=settings is None,
+        date_header=date_header,
         backlog=2048,
     )
     return _Server(config)
@@ -100,6 +103,8 @@ def _reload(gateway: Gateway, path: str) -> None:
         return
     for warning in gateway.reload(config):
         log.warning("config reload: %s", warning)
+    for issue in config_warnings(config):
+        log.warning("config warning: %s", issue)
     log.info("config reloaded from %s: %d route(s)", path, len(config.routes))
 
 
@@ -111,14 +116,22 @@ async def serve(
 ) -> None:
     gateway = Gateway(config)
     await gateway.start()
+    for issue in config_warnings(config):
+        log.warning("config warning: %s", issue)
     grace = config.server.shutdown_grace
+
+    def settings() -> ServerConfig:  # the running config's: a reload applies
+        return gateway.config.server
+
     proxy = uvicorn_server(
         ProxyApp(gateway, lifespan=False),
         config.server.listen,
+        protocol_for(settings),
         grace=grace + 5,
-        settings=lambda: gateway.config.server,
     )
-    admin = uvicorn_server(create_admin_app(gateway), config.admin.listen)
+    admin = uvicorn_server(
+        create_admin_app(gateway), config.admin.listen, admin_protocol(settings), date_header=True
+    )
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -135,7 +148,7 @@ async def serve(
         "gateway listening on %s (admin %s), store %s, %s",
         config.server.listen,
         config.admin.listen,
-        config.store.kind,
+        store_at_start(config),
         f"responses encrypted with key id {codec.writer_id}"
         if codec.encrypting
         else "responses stored unencrypted",

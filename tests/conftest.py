@@ -4,29 +4,33 @@ import asyncio
 import concurrent.futures
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 
-from gateway.app import Gateway, ProxyApp
+from gateway.assembly import Gateway
 from gateway.config import Config, StoreConfig, parse_config
+from gateway.proxy.app import ProxyApp
 from gateway.store.base import Store
 from gateway.store.memory import MemoryStore
 from gateway.store.postgres import PostgresStore
-from gateway.store.postgres_schema import migrate
+from gateway.store.postgres.schema import migrate
 from gateway.store.redis import RedisStore
+from gateway.store.sqlite import SqliteStore
 from tests.support.ledger import LEDGER, Ledger
 from tests.support.postgres import PostgresServer
 from tests.support.servers import (
     ROOT,
     Process,
     RedisServer,
+    job_service_server,
     kill_what_this_test_started,
     upstream_server,
 )
-from tests.support.topologies import ClusterSetup
+from tests.support.topologies import ClusterSetup, ReplicatedSetup, SentinelSetup
 
 #: The browser fixtures (`browser`, `tabs`) for the console's tests.
 pytest_plugins = ["tests.support.browser"]
@@ -109,6 +113,15 @@ def upstream() -> Iterator[Process]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def job_service() -> Iterator[Process]:
+    """tests/support/job_service.py, one per session: tests use keys of their own."""
+    server = job_service_server()
+    server.start()
+    yield server
+    server.stop()
+
+
 def unique(prefix: str = "k") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
@@ -120,6 +133,30 @@ def redis_cluster() -> Iterator[ClusterSetup]:
     cluster.stop()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster_replicated() -> Iterator[ClusterSetup]:
+    """Three masters with a replica each, for store.wait_for_replicas on a cluster."""
+    cluster = ClusterSetup(replicas=1).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_replicated() -> Iterator[ReplicatedSetup]:
+    """A master with one replica, for store.wait_for_replicas on one server's URL."""
+    setup = ReplicatedSetup().start()
+    yield setup
+    setup.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[SentinelSetup]:
+    """A Sentinel setup nobody fails over (tests that kill its master start their own)."""
+    setup = SentinelSetup().start()
+    yield setup
+    setup.stop()
+
+
 #: Every store the contract holds for; tests parametrise `store_kind` with it where
 #: the cluster must be covered too (the contract suite, the duplicate storm).
 ALL_STORES = [
@@ -127,9 +164,20 @@ ALL_STORES = [
     pytest.param("redis", marks=pytest.mark.redis),
     pytest.param("cluster", marks=[pytest.mark.redis, pytest.mark.cluster]),
     pytest.param("postgres", marks=pytest.mark.postgres),
+    "sqlite",
 ]
 #: The Redis topologies among them, for tests that count Redis's own commands.
 REDIS_STORES = ALL_STORES[1:3]
+#: Every topology, and each that has replicas with `store.wait_for_replicas: 1`
+#: (`+wait`): the contract suite runs over all of them, so each setting check-config
+#: accepts is held to the contract wherever it is accepted.
+EVERY_TOPOLOGY = [
+    *ALL_STORES,
+    pytest.param("redis+wait", marks=pytest.mark.redis),
+    pytest.param("sentinel", marks=[pytest.mark.redis, pytest.mark.sentinel]),
+    pytest.param("sentinel+wait", marks=[pytest.mark.redis, pytest.mark.sentinel]),
+    pytest.param("cluster+wait", marks=[pytest.mark.redis, pytest.mark.cluster]),
+]
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
@@ -139,39 +187,64 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def make_store(store_kind: str, request: pytest.FixtureRequest) -> Callable[[], Store]:
-    """Stores of the parametrised kind; Redis ones get a prefix of their own."""
+    """Stores of the parametrised kind; Redis ones get a prefix of their own, SQLite
+    ones a file of their own (every store made here shares it, as workers do)."""
     prefix = unique("t") + ":"
 
+    topology, _, wait = store_kind.partition("+")
+    redis_common: dict[str, Any] = {
+        "prefix": prefix,
+        "socket_timeout": 1.0,
+        "connect_timeout": 1.0,
+        "wait_for_replicas": 1 if wait else 0,
+    }
+
     def make() -> Store:
-        if store_kind == "memory":
+        if topology == "memory":
             return MemoryStore()
-        if store_kind == "cluster":
-            cluster: ClusterSetup = request.getfixturevalue("redis_cluster")
+        if topology == "cluster":
+            name = "redis_cluster_replicated" if wait else "redis_cluster"
+            cluster: ClusterSetup = request.getfixturevalue(name)
             nodes = tuple(("127.0.0.1", node.port) for node in cluster.nodes)
+            return RedisStore(StoreConfig(cluster_nodes=nodes, **redis_common))
+        if topology == "sentinel":
+            sentinel: SentinelSetup = request.getfixturevalue("redis_sentinel")
             return RedisStore(
                 StoreConfig(
-                    cluster_nodes=nodes, prefix=prefix, socket_timeout=1.0, connect_timeout=1.0
+                    sentinel_master=sentinel.master_name,
+                    sentinel_nodes=tuple(("127.0.0.1", s.port) for s in sentinel.sentinels),
+                    **redis_common,
                 )
             )
-        if store_kind == "postgres":
+        if topology == "sqlite":
+            folder: Path = request.getfixturevalue("tmp_path")
+            return SqliteStore(StoreConfig(url=f"sqlite://{folder / 'gateway.db'}"))
+        if topology == "postgres":
             database: PostgresServer = request.getfixturevalue("postgres_database")
             return PostgresStore(
                 StoreConfig(
-                    url=database.url, prefix=prefix, socket_timeout=2.0, connect_timeout=2.0
+                    # A shared CI machine has stalled a statement past 2 s.
+                    url=database.url,
+                    prefix=prefix,
+                    socket_timeout=5.0,
+                    connect_timeout=5.0,
                 )
             )
+        if wait:
+            replicated: ReplicatedSetup = request.getfixturevalue("redis_replicated")
+            return RedisStore(StoreConfig(url=replicated.master.url, **redis_common))
         server: RedisServer = request.getfixturevalue("redis_server")
-        return RedisStore(
-            StoreConfig(url=server.url, prefix=prefix, socket_timeout=1.0, connect_timeout=1.0)
-        )
+        return RedisStore(StoreConfig(url=server.url, **redis_common))
 
     return make
 
 
 def config_for(upstream_url: str, routes: list[dict[str, Any]], **top: Any) -> Config:
-    """A Config from YAML-shaped dicts, every route pointing at `upstream_url`."""
+    """A Config from YAML-shaped dicts, every route pointing at `upstream_url`; the
+    store is the test's own (`make_store`), so the config names memory:// unless told."""
     data: dict[str, Any] = {
         "routes": [{"upstream": upstream_url, **route} for route in routes],
+        "store": {"url": "memory://"},
         **top,
     }
     return parse_config(data, "test-config")

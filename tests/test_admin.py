@@ -1,4 +1,4 @@
-"""gateway/admin.py: every handler and every refusal of the admin listener, in process.
+"""gateway/admin/api.py: every handler and every refusal of the admin listener, in process.
 
 The admin app runs through httpx.ASGITransport over a real store: a MemoryStore, and
 a redis-server of the tests' own where what the store answers is the point (claims,
@@ -8,6 +8,7 @@ needs through the store's own operations, so no upstream is involved.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -23,10 +24,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
-from gateway import admin
-from gateway.admin import authenticate, create_admin_app, problem_response, summary
-from gateway.admin_responses import check_response, operator_response
-from gateway.app import Gateway
+from gateway.admin import api as admin
+from gateway.admin.api import authenticate, create_admin_app, problem_response, summary
+from gateway.assembly import Gateway
 from gateway.config import StoreConfig
 from gateway.errors import (
     PROBLEM_BASE,
@@ -48,11 +48,12 @@ from gateway.errors import (
     UnknownKey,
     ViewerCannotAct,
 )
-from gateway.keys import record_digest
+from gateway.keying import record_digest
 from gateway.logs import JsonFormatter, shown_key
-from gateway.operators import Operator, Role
+from gateway.operators.identity import Operator, Role
+from gateway.operators.response import check_response, operator_response
 from gateway.records import KeyRef, Record, State, StoredRequest, StoredResponse
-from gateway.store.base import Store
+from gateway.store.base import NewDelivery, Store
 from gateway.store.redis import RedisStore
 from tests.conftest import config_for, unique
 from tests.support.servers import RedisServer
@@ -498,6 +499,7 @@ async def test_overview_has_the_gauges_figures(admin_for: Callable[..., Any]) ->
     ):  # fmt: skip
         await api.seed(state, route=route)
     await deliveries(api)  # on ROUTE: one queued, one retrying, one parked
+    await asyncio.sleep(0.01)  # every open record has an age above 0 ms
     await api.gateway.refresh_key_metrics()
     registry = api.gateway.metrics.registry
     doc = (await api.as_("vera").get("/admin/overview")).json()
@@ -757,6 +759,22 @@ async def test_bodies_over_the_limit_are_refused_declared_or_streamed(
     assert (await api.record(ref)).holder == "alice"
 
 
+@MEMORY
+async def test_a_declared_length_is_a_number_only_in_ascii_digits(
+    admin_for: Callable[..., Any],
+) -> None:
+    """A Content-Length the server let through that is no number (`²` passes
+    str.isdigit() and int() refuses it) is not believed, never an error: the body as
+    it arrives decides, within the same limit."""
+    api: Admin = await admin_for()
+    for declared in (b"\xb2", b"1\xb9", b"\xb3\xb3\xb3\xb3\xb3\xb3"):
+        ref = await api.seed(State.PARKED)
+        headers = {"Content-Type": "application/json", "Content-Length": declared}
+        answer = await api.http.post(path(ref, "claim"), content=b"{}", headers=headers)
+        assert answer.status_code == 200, (declared, answer.text)
+        assert (await api.record(ref)).holder == "alice"
+
+
 def test_check_response_names_the_field_and_operator_response_defaults() -> None:
     with pytest.raises(BadResponse) as refused:
         check_response({"headers": {"Content-Length": "3"}}, 1024, ROUTE)
@@ -800,9 +818,66 @@ async def test_listing_filters_by_state_route_and_age(admin_for: Callable[..., A
     assert await listed(route="no-such-route") == []
     assert await listed(older_than="1h") == []
     assert set(await listed(older_than="1ms")) == default
-    rows = (await api.http.get("/admin/keys", params={"state": "in_flight,parked"})).json()
+    rows = (await api.http.get("/admin/keys")).json()
     ages = [row["state_age_seconds"] for row in rows["keys"]]
-    assert len(ages) == 3 and ages == sorted(ages, reverse=True)  # the oldest first
+    assert len(ages) == 4 and ages == sorted(ages, reverse=True)  # the oldest first
+    # An in-flight key's place is when its lease ends: after those that wait on a person.
+    mixed = (await api.http.get("/admin/keys", params={"state": "in_flight,parked"})).json()
+    assert [row["state"] for row in mixed["keys"]] == ["parked", "parked", "in_flight"]
+
+
+async def test_the_listing_pages_with_cursors_both_ways(admin_for: Callable[..., Any]) -> None:
+    """`limit` rows a page, 100 unless asked; `next_cursor` walks on and
+    `prev_cursor` back (null where the listing ends), the filters applied by the
+    store on every page."""
+    api: Admin = await admin_for()
+    made = [await api.seed(State.PARKED) for _ in range(7)]
+    await api.seed(State.PARKED, route=OTHER)
+
+    async def page(**params: str) -> dict[str, Any]:
+        answer = await api.http.get("/admin/keys", params={"route": ROUTE, **params})
+        assert answer.status_code == 200, answer.text
+        doc: dict[str, Any] = answer.json()
+        assert doc["count"] == len(doc["keys"])
+        return doc
+
+    first = await page(limit="3")
+    assert first["prev_cursor"] is None and first["next_cursor"]
+    second = await page(limit="3", cursor=first["next_cursor"])
+    third = await page(limit="3", cursor=second["next_cursor"])
+    assert third["next_cursor"] is None
+    walked = [row["key"] for doc in (first, second, third) for row in doc["keys"]]
+    whole = (await page())["keys"]  # 100 a page: all of them, the oldest first
+    assert walked == [row["key"] for row in whole]
+    assert sorted(walked) == sorted(ref.key for ref in made)
+    ages = [row["state_age_seconds"] for row in whole]
+    assert ages == sorted(ages, reverse=True)
+    back = await page(limit="3", cursor=third["prev_cursor"])
+    assert [row["key"] for row in back["keys"]] == [row["key"] for row in second["keys"]]
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"limit": "0"}, "limit"),
+        ({"limit": "1001"}, "limit"),
+        ({"limit": "\u00b2"}, "limit"),  # str.isdigit() says yes
+        ({"limit": "\u0662\u0660\u0660"}, "limit"),  # int() reads 200
+        ({"limit": "1_0"}, "limit"),  # int() reads 10
+        ({"limit": "-5"}, "limit"),
+        ({"cursor": "not-a-cursor!"}, "cursor"),
+        ({"cursor": "YTo5OTk5OTk5OTk5OTk5OTk5OTk5OTk6YWI"}, "cursor"),
+        ({"cursor": "x" * 500}, "cursor"),
+    ],
+)
+async def test_a_page_size_or_cursor_no_listing_gave_is_a_bad_filter(
+    admin_for: Callable[..., Any], params: dict[str, str], field: str
+) -> None:
+    api: Admin = await admin_for()
+    answer = await api.http.get("/admin/keys", params=params)
+    assert answer.status_code == 400, answer.text
+    doc = answer.json()
+    assert doc["type"].endswith("/bad-filter") and doc["field"] == field, doc
 
 
 async def test_a_listing_row_is_the_records_json_in_short(admin_for: Callable[..., Any]) -> None:
@@ -844,7 +919,7 @@ async def deliveries(api: Admin) -> dict[str, KeyRef]:
     for state in ("queued", "retrying", "parked"):
         key = unique(state)
         ref = refs[state] = KeyRef(record_digest(ROUTE, "", key), ROUTE, key)
-        accepted = await api.store.accept(ref, "run-a", "fp", request, "T" * 22)
+        accepted = await api.store.accept(NewDelivery(ref, "run-a", "fp", request, "T" * 22))
         assert accepted.outcome == "queued"
         if state == "queued":
             continue
@@ -859,13 +934,19 @@ async def deliveries(api: Admin) -> dict[str, KeyRef]:
 async def test_a_delivery_shows_its_request_without_authorization(
     admin_for: Callable[..., Any],
 ) -> None:
+    """Authorization by name and length alone (gateway/operators/redaction.py; every surface and
+    header is tests/test_redaction.py's)."""
     api: Admin = await admin_for()
     ref = (await deliveries(api))["parked"]
     shown = await api.as_("vera").get(path(ref))
     assert shown.json()["request"] == {
         "method": "POST",
-        "target": "/jobs/i?run=1",
-        "headers": [["content-type", "application/json"]],
+        "path": "/jobs/i",
+        "query": [{"name": "run", "value": None, "hidden": True, "length": 1}],
+        "headers": [
+            {"name": "content-type", "value": "application/json", "hidden": False, "length": 16},
+            {"name": "authorization", "value": None, "hidden": True, "length": 20},
+        ],
     }
     assert "caller-secret" not in shown.text
     sync = await api.http.get(path(await api.seed(State.PARKED)))
@@ -928,6 +1009,11 @@ async def test_bad_listing_filters_name_the_filter(admin_for: Callable[..., Any]
     age = await api.http.get("/admin/keys", params={"older_than": "a while"})
     assert_problem(age, BadFilter, field="older_than")
     assert age.json()["detail"].startswith("older_than is not a duration")
+    # Digits of another script are no duration either (float() reads Arabic-Indic "10"
+    # as 10, and so did the duration's pattern).
+    for other in ("\u0661\u0660m", "\uff11\uff10m", "1_0m", "\u0661.\u0665s"):
+        age = await api.http.get("/admin/keys", params={"older_than": other})
+        assert_problem(age, BadFilter, field="older_than")
 
 
 # -- health, readiness, metrics --------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The upstream client's streamed bodies (gateway/response.py, BodyStream) on both event
+"""The upstream client's streamed bodies (gateway/upstream/response.py, BodyStream) on both event
 loops, against a socket server on loopback that writes a body with its own transport's
 back-pressure (each part once the one before was taken) and counts what the client
 took: read whole up to `whole_up_to`, streamed past it, the upstream read paused while
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from gateway.errors import OutcomeLost
-from gateway.response import STREAM_HIGH, BodyStream, ResponseBudget
-from gateway.upstream import Upstream
+from gateway.upstream.client import Upstream
+from gateway.upstream.response import STREAM_HIGH, BodyStream, ResponseBudget
 from tests.support.loops import anyio_backend  # noqa: F401  (uvloop and asyncio)
 
 pytestmark = pytest.mark.anyio

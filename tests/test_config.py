@@ -22,8 +22,13 @@ from gateway.config import (
     parse_period,
     parse_size,
 )
-from gateway.config.templates import fill_placeholders
+from gateway.config.issues import Issues
+from gateway.config.loading import interpolate
+from gateway.config.templates import fill_url
+from gateway.config.units import MAX_DURATION
 from gateway.errors import ConfigError
+from gateway.records import is_success
+from tests.support.growth import assert_linear
 
 EXAMPLE = """\
 server: {listen: "127.0.0.1:8080", shutdown_grace: 30s, max_header_bytes: 16KiB}
@@ -114,7 +119,42 @@ def test_example_route_defaults() -> None:
     assert only.fingerprint == REQUEST_PARTS
     assert only.cache_statuses == DEFAULT_CACHE_STATUSES
     assert only.forward_key_header == "Idempotency-Key"
-    assert config.store.url == "memory://"
+
+
+def test_no_store_url_is_sqlite_beside_the_config_file(tmp_path: Path) -> None:
+    """Without store.url the file sits in the config file's directory, wherever the
+    gateway starts from; Sentinel or Cluster given alone are not overridden."""
+    folder = tmp_path / "etc gw"
+    config = parse_config({"routes": [route()]}, str(folder / "gateway.yaml"), {})
+    assert config.store.kind == "sqlite"
+    assert config.store.url == f"sqlite://{folder}/idempotency-gateway.db"
+    assert "(the default: no store.url)" in describe(config)
+    prefixed = parse_config({"store": {"prefix": "a:"}, "routes": [route()]}, "rel/g.yaml", {})
+    assert prefixed.store.url == f"sqlite://{Path.cwd()}/rel/idempotency-gateway.db"
+    assert prefixed.store.prefix == "a:"
+    sentinel = {"sentinel": {"master": "m", "nodes": ["127.0.0.1:26379"]}}
+    assert parse({"store": sentinel, "routes": [route()]}).store.kind == "sentinel"
+    named = parse({"store": {"url": "sqlite:///var/lib/gw.db"}, "routes": [route()]})
+    assert "the default" not in describe(named)
+    memory = describe(parse({"store": {"url": "memory://"}, "routes": [route()]}))
+    assert "store: memory://; it keeps nothing" in memory
+
+
+def test_the_default_cache_statuses_are_the_answers_that_mean_handled() -> None:
+    """One rule (records.is_success): 2xx, 3xx and 4xx other than 408 and 429 mean the
+    upstream handled the request; every other answer (5xx, 408, 429) may be tried again.
+    The route's default cache_statuses is that rule, so a redirect is stored."""
+    handled = {status for status in range(100, 600) if is_success(status)}
+    assert handled == set(range(200, 500)) - {408, 429}
+    assert DEFAULT_CACHE_STATUSES == handled
+    assert {301, 302, 303, 304, 307, 308} <= DEFAULT_CACHE_STATUSES
+
+
+def test_the_example_file_spells_out_the_default_cache_statuses() -> None:
+    example = Path(__file__).resolve().parents[1] / "config.example.yaml"
+    config = load_config(example)
+    assert all(r.cache_statuses == DEFAULT_CACHE_STATUSES for r in config.routes)
+    assert 'cache_statuses: ["2xx", "3xx", "4xx", "!408", "!429"]' in example.read_text()
 
 
 def test_admin_token_from_environment() -> None:
@@ -147,6 +187,54 @@ def test_parse_duration(text: object, seconds: float) -> None:
 def test_parse_duration_rejects(text: object) -> None:
     with pytest.raises(ValueError, match=r"write e\.g\. 500ms, 30s, 15m, 24h or 7d"):
         parse_duration(text)
+
+
+WRITTEN = {
+    "duration": (parse_duration, "5 s", 5.0),
+    "size": (parse_size, "1 MiB", 1 << 20),
+    "period": (lambda text: parse_period(text).count, "1 h", 1),
+}
+
+
+@pytest.mark.parametrize("unit", list(WRITTEN))
+@pytest.mark.parametrize("space", ["\u3000", "\u00a0", "\u2003", "\u2028", "\t", "\x85"])
+def test_a_unit_is_written_with_ascii_spaces_alone(unit: str, space: str) -> None:
+    """`5 s`, ` 1 MiB `: the ASCII space. Any other (an ideographic or no-break space,
+    a line separator, a tab), between the number and the unit or around them, is
+    refused, naming it: str.strip() and `\\s` would have read `1\u3000s` as 1 s."""
+    parse, written, value = WRITTEN[unit]
+    assert parse(written) == value and parse(f" {written} ") == value
+    for text in (written.replace(" ", space), space + written.replace(" ", ""), written + space):
+        with pytest.raises(ValueError, match=f"U\\+{ord(space):04X}, a space other than the ASCII"):
+            parse(text)
+
+
+def test_whole_numbers_and_statuses_take_ascii_spaces_alone() -> None:
+    assert (
+        parse({"server": {"max_connections": " 20 "}, "routes": [route()]}).server.max_connections
+        == 20
+    )
+    found = errors({"server": {"max_connections": "\u00a020"}, "routes": [route()]})
+    assert "server.max_connections" in found, found
+    ok = parse({"routes": [route(cache_statuses=[" 200 ", "! 201"])]}).routes[0]
+    assert ok.cache_statuses == frozenset({200})
+    found = errors({"routes": [route(cache_statuses=["\u2003200"])]})
+    assert "routes[0].cache_statuses[0]" in found
+
+
+def test_a_duration_is_at_most_100_years() -> None:
+    """What every store keeps a record for (Redis's PEXPIRE, a script's Lua numbers,
+    PostgreSQL's bigint milliseconds) and every timer waits: `response_ttl:
+    999999999999d` passed, then every completion failed on Redis after it had half
+    written the record."""
+    assert parse_duration("36500d") == MAX_DURATION
+    for text in ("36501d", "999999999999d", 1e300, str(MAX_DURATION + 1)):
+        with pytest.raises(ValueError, match=r"too long: the longest duration is 36500d"):
+            parse_duration(text)
+    found = errors({"routes": [route(response_ttl="999999999999d")]})
+    assert "too long" in found["routes[0].response_ttl"], found
+    found = errors({"defaults": {"upstream_timeout": "99999999d"}, "routes": [route()]})
+    assert "too long" in found["defaults.upstream_timeout"], found
 
 
 def test_parse_duration_rejects_zero() -> None:
@@ -434,6 +522,22 @@ def test_env_malformed_reference() -> None:
     assert "$${ for a literal ${" in found["routes[0].upstream"]
 
 
+def test_env_references_are_read_in_linear_time() -> None:
+    """References that never close (`${${${...`): 8x the text, about 8x the time,
+    and one problem said for it."""
+
+    def expand(text: str) -> None:
+        issues = Issues()
+        interpolate(text, "x", issues, {})
+        assert len(issues.items) == 1, issues.items
+
+    assert_linear(expand, lambda n: "${" * n, 1000)
+    assert (
+        "not a valid environment reference"
+        in errors({"routes": [route(upstream="http://${HOST")]})["routes[0].upstream"]
+    )
+
+
 def test_env_uses_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GW_TEST_UPSTREAM", "http://from-env:81")
     config = parse_config({"routes": [route(upstream="${GW_TEST_UPSTREAM}")]}, "x.yaml")
@@ -589,6 +693,45 @@ def test_bad_route_settings(setting: str, value: object, expected: str | None) -
         assert expected is not None and expected in found[f"routes[0].{setting}"]
 
 
+#: Numbers as nobody should write them: digits of other scripts (int() and float() read
+#: them), superscripts (str.isdigit() says yes, int() refuses them), underscores.
+ARABIC_20 = "\u0662\u0660"
+FULLWIDTH_20 = "\uff12\uff10"
+
+
+@pytest.mark.parametrize(
+    ("where", "data"),
+    [
+        ("routes[0].wait_timeout", {"routes": [route(wait_timeout=ARABIC_20 + "s")]}),
+        ("routes[0].wait_timeout", {"routes": [route(wait_timeout=FULLWIDTH_20)]}),
+        ("routes[0].max_request_body", {"routes": [route(max_request_body=ARABIC_20 + "MiB")]}),
+        ("routes[0].max_request_body", {"routes": [route(max_request_body="9" * 5000 + "B")]}),
+        ("routes[0].max_request_body", {"routes": [route(max_request_body="1_000")]}),
+        ("server.max_connections", {"server": {"max_connections": "²"}, "routes": [route()]}),
+        ("server.max_connections", {"server": {"max_connections": ARABIC_20}, "routes": [route()]}),
+        ("routes[0].cache_statuses[0]", {"routes": [route(cache_statuses=["²⁰⁰"])]}),
+        ("routes[0].cache_statuses[0]", {"routes": [route(cache_statuses=["٢٠٠"])]}),
+        ("server.listen", {"server": {"listen": "127.0.0.1:²"}, "routes": [route()]}),
+        ("server.listen", {"server": {"listen": "127.0.0.1:٨٠٨٠"}, "routes": [route()]}),
+        ("store.url", {"store": {"url": "redis://127.0.0.1:6379/²"}, "routes": [route()]}),
+        ("store.url", {"store": {"url": "redis://127.0.0.1:6379/٢"}, "routes": [route()]}),
+        (
+            "routes[0].key.period",
+            {"routes": [route(key={"template": "{period}", "period": ARABIC_20 + "d"})]},
+        ),
+    ],
+)
+def test_numbers_in_the_config_are_ascii_digits(where: str, data: dict[str, Any]) -> None:
+    """Each is refused at its place with the setting's own words, never accepted as
+    the number another script's digits make, and never Python's own message."""
+    found = errors(data)
+    assert where in found, found
+    message = found[where]
+    assert "is not" in message or "must be" in message, message
+    for python in ("invalid literal", "Exceeds the limit", "int()", "sys."):
+        assert python not in message, message
+
+
 def test_bad_default_is_reported_once_at_defaults() -> None:
     found = errors(
         {
@@ -724,8 +867,13 @@ def test_server_and_admin_on_the_same_address() -> None:
         (
             "mysql://db",
             "the store URL must start with memory://, redis://, rediss://, unix://, "
-            "postgresql:// or postgres://",
+            "postgresql://, postgres:// or sqlite://",
         ),
+        ("sqlite://", "names no file"),
+        ("sqlite:///var/lib/", "names no file"),
+        ("sqlite:///var/lib/gw.db?mode=ro", "may not hold ?, # or control characters"),
+        ("sqlite:///var/lib/gw\n.db", "may not hold ?, # or control characters"),
+        ("sqlit:///gw.db", 'did you mean "sqlite://"?'),
         ("postgresq://db/gateway", 'did you mean "postgresql://"?'),
         ("postgresql:///gateway", "has no host"),
         ("postgres://db", "names no database"),
@@ -804,8 +952,8 @@ def test_reconcile_url_placeholders_are_filled_as_the_config_read_them() -> None
         }
     ).routes
     assert parsed.reconcile is not None
-    values = {"key": "k%2F1", "route": "job", "run_id": "r1"}
-    assert fill_placeholders(parsed.reconcile.url, values) == "http://h/s/k%2F1/job?run=r1&f={x}"
+    values = {"key": "k 1", "route": "job", "run_id": "r1"}
+    assert fill_url(parsed.reconcile.url, values) == "http://h/s/k%201/job?run=r1&f={x}"
 
 
 def test_reconcile_url_required() -> None:
@@ -923,6 +1071,24 @@ def test_describe_masks_secrets_and_is_stable() -> None:
     assert "request 1 MiB" in text
 
 
+def test_describe_says_which_answers_complete_a_key_and_which_run_it_again() -> None:
+    keyed = route(key={"header": "Idempotency-Key"})
+    queued = route(name="later", match={"path": "/later"}, key={"header": "K"}, delivery="async")
+    narrow = route(name="narrow", match={"path": "/narrow"}, key={"header": "K"})
+    narrow["cache_statuses"] = ["2xx"]
+    text = describe(parse({"routes": [keyed, queued, narrow]}))
+    handled = "200-407, 409-428, 430-499"
+    assert (
+        f"cache statuses:  {handled} complete the key (replayed); any other status, and a "
+        "request never sent, release it"
+    ) in text
+    assert (
+        f"cache statuses:  {handled} complete the delivery; any other status, and a request "
+        "never sent, are attempted again"
+    ) in text
+    assert "cache statuses:  200-299 complete the key (replayed)" in text
+
+
 def test_describe_masks_a_postgresql_password() -> None:
     data = {
         "store": {
@@ -942,6 +1108,47 @@ def test_postgresql_store_refuses_wait_for_replicas() -> None:
         {"store": {"url": "postgresql://db/gateway", "wait_for_replicas": 1}, "routes": [route()]}
     )
     assert "synchronous_standby_names" in found["store.wait_for_replicas"]
+
+
+def test_sqlite_store_settings() -> None:
+    """`sqlite://` names a file (absolute after three slashes, else relative); its
+    block says how commits are synced (FULL unless told); the block belongs to it, and
+    a file has no replicas to wait for."""
+    default = parse({"store": {"url": "sqlite:///var/lib/gw/gateway.db"}, "routes": [route()]})
+    assert (default.store.kind, default.store.sqlite_synchronous) == ("sqlite", "full")
+    relaxed = parse(
+        {
+            "store": {"url": "sqlite://data/gateway.db", "sqlite": {"synchronous": "normal"}},
+            "routes": [route()],
+        }
+    )
+    assert relaxed.store.sqlite_synchronous == "normal"
+    found = errors(
+        {"store": {"url": "sqlite://g.db", "sqlite": {"synchronous": "off"}}, "routes": [route()]}
+    )
+    assert "full" in found["store.sqlite.synchronous"]
+    alone = parse({"store": {"sqlite": {"synchronous": "normal"}}, "routes": [route()]})
+    assert (alone.store.kind, alone.store.sqlite_synchronous) == ("sqlite", "normal")
+    found = errors(
+        {"store": {"url": "memory://", "sqlite": {"synchronous": "normal"}}, "routes": [route()]}
+    )
+    assert "sqlite:// url" in found["store.sqlite"]
+    found = errors(
+        {"store": {"url": "sqlite://g.db", "sqlite": {"sync": "normal"}}, "routes": [route()]}
+    )
+    assert "store.sqlite.sync" in found
+    found = errors({"store": {"url": "sqlite://g.db", "wait_for_replicas": 1}, "routes": [route()]})
+    assert "no replicas" in found["store.wait_for_replicas"]
+
+
+@pytest.mark.parametrize("store", [{}, {"url": "memory://"}])
+def test_memory_store_refuses_wait_for_replicas(store: dict[str, str]) -> None:
+    """The memory store and the default SQLite file have no replicas to wait for: the
+    setting would promise a confirmation that never happens, so it is refused, not
+    ignored."""
+    found = errors({"store": {**store, "wait_for_replicas": 1}, "routes": [route()]})
+    assert "no replicas" in found["store.wait_for_replicas"]
+    assert parse({"store": {"wait_for_replicas": 0}, "routes": [route()]})
 
 
 def test_postgresql_store_without_its_driver_says_what_to_install(

@@ -99,6 +99,8 @@ def test_the_schema_accepts_settings_as_users_write_them() -> None:
             route(name="b", key=[{"query": "k"}, {"hash": ["method", "header.X"]}]),
             route(name="c", key={"period": "1d"}, strip_headers=["Set-Cookie"]),
             route(name="d", key=None, sensitive_keys=True, wait_timeout=30),
+            route(name="e", key={"header": "K"}, delivery="async"),
+            route(name="f", key={"header": "K"}, delivery={"mode": "async", "concurrency": 2}),
         ],
     }  # fmt: skip
     parse_config(data, "t.yaml", {"OLD_KEY": OLD_KEY, "PW": "x"})  # the gateway takes it
@@ -114,6 +116,7 @@ def test_the_schema_accepts_settings_as_users_write_them() -> None:
         {"routes": [route(max_request_body="10 megs")]},
         {"routes": [route(cache_statuses=["6xx"])]},
         {"routes": [route(concurrent="wiat")]},
+        {"routes": [route(key={"header": "K"}, delivery="asynk")]},
         {"routes": [route(kye={"header": "X"})]},
         {"routes": [route(key={"header": "A", "kye": 1})]},
         {"routes": [route(key={"sources": [{"header": "A", "query": "q"}]})]},

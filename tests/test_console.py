@@ -15,6 +15,7 @@ the page shows it) or on the store's answer, never a sleep that asserts a time.
 from __future__ import annotations
 
 import html.parser
+import itertools
 import re
 import signal
 import time
@@ -28,8 +29,9 @@ import pytest
 from playwright.sync_api import expect
 
 from gateway.console import csrf
-from gateway.console.rendering import CSP
+from gateway.console.rendering import CSP, key_url
 from gateway.console.session import COOKIE, Session, encode
+from gateway.keying import record_digest
 from tests.conftest import unique
 from tests.support.browser import PHONE, WAIT_MS, Tab
 from tests.support.console_site import (
@@ -152,6 +154,43 @@ def test_two_operators_on_two_replicas_hand_a_parked_key_over(
     assert_clean(alice_tab, bob_tab)
 
 
+def test_the_live_refresh_gets_304_while_nothing_changes_and_counts_ages_on(
+    site: Site, tabs: Callable[..., Tab]
+) -> None:
+    """The keys list sends its table's ETag back: while nothing changes, the gateway
+    answers 304 with no body, the rows stay, the ages go on counting in the browser, and
+    no error is shown; a change is drawn at the next refresh."""
+    key = unique("charge")
+    site.park(key)
+    a, _ = site.replicas
+    tab = tabs()
+    page = sign_in(tab.page, a, "alice")
+    statuses: list[int] = []
+    page.on(
+        "response", lambda r: statuses.append(r.status) if "/console/keys/rows" in r.url else None
+    )
+    page.goto(a.admin + "/console/keys?route=charge")
+    age = key_row(page, key).locator("[data-since-ms]")
+    first = age.inner_text()
+    with page.expect_response(lambda r: "/console/keys/rows" in r.url and r.status == 304):
+        pass
+    expect(age).not_to_have_text(first)  # counted on in the browser
+    assert re.fullmatch(r"\d+[smhd]( \d+[smh])?", age.inner_text()), age.inner_text()
+    expect(page.locator("#refresh-note")).to_have_text("")
+    assert set(statuses) == {304}, statuses  # nothing changed: no table was drawn again
+    # Another operator claims it: the next refresh draws the table, held.
+    claimed = httpx.post(
+        a.admin + f"/admin/keys/charge/{quote(key, safe='')}/claim",
+        json={},
+        headers={"Authorization": f"Bearer {TOKENS['bob']}"},
+        timeout=10,
+    )
+    assert claimed.status_code == 200, claimed.text
+    expect(key_row(page, key).locator(".holder")).to_have_text("bob")
+    assert 200 in statuses
+    assert_clean(tab)
+
+
 def test_a_viewer_sees_everything_and_has_no_action_buttons(
     site: Site, tabs: Callable[..., Tab]
 ) -> None:
@@ -198,7 +237,11 @@ def test_a_hostile_key_note_and_header_show_as_text_and_run_nothing(
     delivery = f"{HOSTILE}-{unique('d')}"
     site.park_delivery(
         delivery,
-        {"Authorization": "Bearer caller-secret-token", "X-Shown": HOSTILE},
+        {
+            "Authorization": "Bearer caller-secret-token",
+            "X-Api-Key": "sk_live_caller_secret_key",
+            "User-Agent": HOSTILE,  # a header whose value is shown
+        },
     )
     tab = tabs()
     page = sign_in(tab.page, site.replicas[0], "alice")
@@ -212,25 +255,91 @@ def test_a_hostile_key_note_and_header_show_as_text_and_run_nothing(
     expect(page.locator("#key-holder")).to_have_text("alice")
     page.get_by_label("Note (required: what you checked)").fill(HOSTILE_NOTE)
     page.get_by_label("Status").fill("201")
-    page.get_by_label("Headers, one Name: value a line").fill(f"X-Receipt: {HOSTILE}")
+    page.get_by_label("Headers, one Name: value a line").fill(
+        f"Content-Language: {HOSTILE}\nX-Receipt: {HOSTILE}"
+    )
     page.get_by_label("Body").fill(HOSTILE)
     page.get_by_role("button", name="Resolve done").click()
     expect(page.locator("#key-state")).to_have_text("completed")
     expect(page.locator("ol.timeline")).to_contain_text(f"Resolved done by alice: {HOSTILE_NOTE}")
     responses = page.locator("table.headers")
-    expect(responses.last).to_contain_text(HOSTILE)  # the stored response's header
+    expect(responses.last).to_contain_text(HOSTILE)  # a stored response's harmless header
+    receipt = responses.last.locator("tr", has_text="x-receipt")  # any other: its length
+    expect(receipt).to_contain_text(f"hidden, {len(HOSTILE)} characters")
 
-    # The delivery's request: method, path and headers, never Authorization.
+    # The delivery's request: method, path and headers, never a credential's value.
     page.goto(site.replicas[0].admin + "/console/keys?state=parked&route=deliver")
     page.get_by_role("link", name=delivery, exact=True).click()
     expect(page.locator("#key-name")).to_have_text(delivery)
     request = page.locator("section", has=page.get_by_role("heading", name="Request"))
     expect(request).to_contain_text("POST")
-    expect(request).to_contain_text("/jobs/deliver?status=503")
-    expect(request.locator("table.headers")).to_contain_text(HOSTILE)
+    expect(request.locator("dd", has_text="/jobs/")).to_have_text("/jobs/deliver")
+    query = request.locator("#query tr", has_text="status")
+    expect(query).to_contain_text("hidden, 3 characters")  # not in admin.show_query
+    headers = request.locator("table.headers").last
+    expect(headers).to_contain_text(HOSTILE)
     assert "caller-secret-token" not in page.content()
-    assert "authorization" not in request.locator("table.headers").inner_text().lower()
+    assert "sk_live_caller_secret_key" not in page.content()
+    expect(headers.locator("tr", has_text="authorization")).to_contain_text("hidden, 26 characters")
+    expect(headers.locator("tr", has_text="x-api-key")).to_contain_text("hidden, 25 characters")
     assert page.locator("img, script:not([src])").count() == 0
+    assert_clean(tab)
+
+
+#: The page position of each drawn character of an element, in text order:
+#: [top, left] of each one that takes room.
+POSITIONS = """(element) => {
+  const found = [];
+  const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    for (let i = 0; i < node.length; i += 1) {
+      const range = document.createRange();
+      range.setStart(node, i);
+      range.setEnd(node, i + 1);
+      const box = range.getBoundingClientRect();
+      if (box.width > 0) found.push([box.top, box.left]);
+    }
+  }
+  return found;
+}"""
+
+
+def drawn_in_text_order(element: Any) -> bool:
+    """Whether each character is drawn after the one before it: to its right on the same
+    line, or on a later line (the left-to-right reading order of a key)."""
+    places = element.evaluate(POSITIONS)
+    assert len(places) > 4, places
+    return all(
+        top > above + 1 or (abs(top - above) <= 1 and left > before)
+        for (above, before), (top, left) in itertools.pairwise(places)
+    )
+
+
+def test_a_key_with_a_right_to_left_override_is_drawn_in_its_order(
+    site: Site, tabs: Callable[..., Tab]
+) -> None:
+    """A caller's key may hold U+202E, which draws the text after it right to left: the
+    key `...-\u202eabc` would read `...-cba` in the list, a key it is not. The console
+    spells such a character out, so the list, the key's page and its title draw the
+    key in its own order, and claiming it acts on that very key."""
+    key = f"rtl-{unique()}-\u202eabc"
+    site.park(key)
+    tab = tabs()
+    page = sign_in(tab.page, site.replicas[0], "alice")
+    page.goto(site.replicas[0].admin + "/console/keys?route=charge")
+    link = page.locator(f"a[href='{key_url('charge', key, record_digest('charge', '', key))}']")
+    expect(link).to_have_count(1)
+    assert drawn_in_text_order(link), link.evaluate(POSITIONS)
+    spelled = key.replace("\u202e", "⟨U+202E⟩")
+    expect(link).to_have_text(spelled)
+    link.click()
+    name = page.locator("#key-name")
+    expect(name).to_have_text(spelled)
+    assert drawn_in_text_order(name), name.evaluate(POSITIONS)
+    assert "\u202e" not in page.title() and spelled in page.title()
+    page.get_by_role("button", name="Claim").click()
+    expect(page.locator("#key-holder")).to_have_text("alice")
+    assert site.record("charge", key)["holder"] == "alice"
     assert_clean(tab)
 
 
@@ -477,14 +586,62 @@ def test_removing_an_operator_signs_them_out(site: Site, upstream: Process) -> N
         replica.process.stop()
 
 
-def test_the_console_behind_the_readmes_single_sign_on_proxy(
+def test_a_rotated_token_signs_its_browser_out(
     site: Site, upstream: Process, tabs: Callable[..., Tab]
 ) -> None:
-    """README's nginx block, verbatim, with a stand-in for oauth2-proxy that signs in
-    whoever the browser's `sso_user` cookie names, in front of a gateway trusting
-    nginx's address. Nobody types a token: the header signs alice in, and her claim is
-    taken (README's block once sent nginx's own Host, so every post's Origin looked
-    forged: 403). Another site's page (same site: another port of this host, so the
+    """alice signed in with the token in her token_file and opened a parked key. The
+    file gets a new token and the gateway reloads (SIGHUP). Her page is still drawn, and
+    her cookie well signed and unexpired: her Claim lands on the sign-in form, saying
+    why, and the key is not claimed. Signing in with the new token, she claims it."""
+    key = unique("rotated")
+    site.park(key)
+    token_file = site.tmp / f"alice-{key}.token"
+    token_file.write_text(TOKENS["alice"] + "\n")
+    doc = config(site.redis, upstream, ["alice", "bob"], 0)
+    doc["admin"]["operators"][0] = {
+        "name": "alice",
+        "role": "operator",
+        "token_file": str(token_file),
+    }
+    replica = start_replica(site.tmp, doc)
+    try:
+        tab = tabs()
+        page = sign_in(tab.page, replica, "alice")
+        page.goto(replica.admin + f"/console/key?route=charge&key={quote(key, safe='')}")
+        expect(page.locator("#key-name")).to_have_text(key)
+
+        rotated = "alice-rotated-" + unique("t")
+        token_file.write_text(rotated + "\n")
+        replica.process.signal(signal.SIGHUP)
+        replica.process.wait_for_output("config reloaded")
+        before = frozen(site.record("charge", key))
+        with page.expect_response(lambda r: r.url.endswith("/console/claim")) as claimed:
+            page.get_by_role("button", name="Claim").click()
+        assert claimed.value.status == 401
+        expect(page.get_by_role("alert")).to_contain_text("Signed out")
+        expect(page.get_by_role("alert")).to_contain_text("has changed since")
+        expect(page.get_by_label("Operator token")).to_be_visible()
+        assert frozen(site.record("charge", key)) == before
+
+        page.get_by_label("Operator token").fill(rotated)
+        page.get_by_role("button", name="Sign in").click()
+        expect(page.locator(".me")).to_have_text("alice")
+        page.goto(replica.admin + f"/console/key?route=charge&key={quote(key, safe='')}")
+        page.get_by_role("button", name="Claim").click()
+        expect(page.locator("#key-holder")).to_have_text("alice")
+        assert_clean(tab)
+    finally:
+        replica.process.stop()
+
+
+def test_the_console_behind_the_documented_single_sign_on_proxy(
+    site: Site, upstream: Process, tabs: Callable[..., Tab]
+) -> None:
+    """docs/operator-api.md's nginx block, verbatim, with a stand-in for oauth2-proxy
+    that signs in whoever the browser's `sso_user` cookie names, in front of a gateway
+    trusting nginx's address. Nobody types a token: the header signs alice in, and her claim is
+    taken (a block that sends nginx's own Host makes every post's Origin look forged:
+    403). Another site's page (same site: another port of this host, so the
     proxy's Lax cookie goes along) posts a text/plain form whose body is JSON to the
     operator API: refused, nothing changes. Then the browser changes hands at the
     proxy: the next page is bob's, not alice's session."""

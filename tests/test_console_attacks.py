@@ -21,11 +21,11 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from gateway.admin import create_admin_app
-from gateway.app import Gateway
+from gateway.admin.api import create_admin_app
+from gateway.assembly import Gateway
 from gateway.config import StoreConfig
 from gateway.console.rendering import CSP
-from gateway.keys import record_digest
+from gateway.keying import record_digest
 from gateway.records import KeyRef, Record
 from gateway.store.redis import RedisStore
 from tests.conftest import config_for, unique

@@ -12,31 +12,39 @@ import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 
-from gateway.admin import create_admin_app
-from gateway.app import Gateway
+from gateway.admin.api import create_admin_app
+from gateway.assembly import Gateway
+from gateway.config import Config, StoreConfig
 from gateway.console import csrf, session
 from gateway.console.rendering import age, environment, key_url
 from gateway.console.session import SESSION_TTL, Session, decode, encode, issue
 from gateway.console.timeline import timeline
 from gateway.console.wording import refusal_for
 from gateway.errors import HeldByAnother, InvalidTransition, NotTheHolder, UnknownKey
-from gateway.keys import record_digest
+from gateway.keying import record_digest
 from gateway.records import KeyRef, Record, State
 from gateway.store.memory import MemoryStore
+from gateway.store.pages import PAGE_SIZE, READ_ROUNDS
+from gateway.store.redis import RedisStore
 from tests.conftest import config_for, unique
+from tests.support.servers import RedisServer, wait_for_port
 
 SECRET = b"s" * 40
 NOW = 1_800_000_000
+#: What Operators.credential gives for a token: its digest.
+CREDENTIAL = b"\x01" * 32
 
 
 def test_a_session_round_trips_until_it_expires() -> None:
-    made, value = issue(SECRET, "alice", now=NOW)
+    made, value = issue(SECRET, "alice", CREDENTIAL, now=NOW)
     assert made.expires_s == NOW + SESSION_TTL
     assert decode(SECRET, value, now=NOW) == made
     assert decode(SECRET, value, now=NOW + SESSION_TTL - 1) == made
@@ -67,15 +75,41 @@ def _payload(doc: list[object]) -> str:
     ],
 )
 def test_a_forged_or_altered_cookie_is_no_session(forge: object) -> None:
-    _, value = issue(SECRET, "alice", now=NOW)
+    _, value = issue(SECRET, "alice", CREDENTIAL, now=NOW)
     assert callable(forge)
     assert decode(SECRET, forge(value), now=NOW) is None
 
 
+def test_a_session_holds_only_with_the_credential_it_was_signed_in_with() -> None:
+    """The cookie carries a keyed fingerprint of the credential: the same credential
+    holds it; another (a rotated token), none (a removed operator, an identity header
+    no longer configured), another way in or another secret do not. The credential
+    itself is nowhere in the cookie."""
+    made, value = issue(SECRET, "alice", CREDENTIAL, now=NOW)
+    got = decode(SECRET, value, now=NOW)
+    assert got == made and session.holds(SECRET, got, CREDENTIAL)
+    assert not session.holds(SECRET, got, b"\x02" * 32)
+    assert not session.holds(SECRET, got, None)
+    assert not session.holds(b"t" * 40, got, CREDENTIAL)
+    assert not session.holds(SECRET, replace(got, made_by="identity_header"), CREDENTIAL)
+    assert not session.holds(SECRET, replace(got, name="bob"), CREDENTIAL)
+    assert not session.holds(SECRET, replace(got, credential=""), CREDENTIAL)
+    doc = json.loads(base64.urlsafe_b64decode(value.split(".")[0] + "=="))
+    assert CREDENTIAL.hex() not in value and len(doc[6]) == 22  # 128 bits, base64url
+
+
 def test_a_payload_is_read_only_once_its_mac_is_good() -> None:
-    """Well signed but not a session (an old version, wrong types): refused too."""
+    """Well signed but not a session (an old version, wrong types): refused too. A
+    cookie of the first version, which named no credential, is one of them."""
     mac_of = session._mac
-    for doc in ([2, "alice", NOW, NOW + 60, "n"], [1, 7, NOW, NOW + 60, "n"], ["x"], {}):
+    for doc in (
+        [1, "alice", NOW, NOW + 60, "n", "token"],
+        [2, "alice", NOW, NOW + 60, "n", "token"],
+        [2, "alice", NOW, NOW + 60, "n", "token", 7],
+        [1, 7, NOW, NOW + 60, "n"],
+        ["x"],
+        {},
+    ):
         payload = _payload(doc)  # type: ignore[arg-type]
         value = payload + "." + base64.urlsafe_b64encode(mac_of(SECRET, payload)).decode()
         assert decode(SECRET, value.rstrip("="), now=NOW) is None, doc
@@ -127,6 +161,34 @@ def test_autoescape_draws_hostile_text_as_text() -> None:
     assert env.autoescape is True
     drawn = env.from_string("<p>{{ key }}</p>").render(key='"><img src=x onerror=alert(1)>')
     assert drawn == "<p>&#34;&gt;&lt;img src=x onerror=alert(1)&gt;</p>"
+
+
+#: A key whose characters show nothing of their own: a right-to-left override (the
+#: rest would be drawn reversed), a zero-width space, U+FEFF, a line separator.
+INVISIBLE_KEY = "inv-\u202eabc\u200bd\ufeffe\u2028f"
+SPELLED = "inv-⟨U+202E⟩abc⟨U+200B⟩d⟨U+FEFF⟩e⟨U+2028⟩f"
+
+
+def test_text_that_shows_nothing_is_spelled_out_and_posted_back_as_it_is() -> None:
+    """Every value a template draws has its invisible characters spelled out, in its
+    order; a hidden field that posts the key back takes it exactly. ASCII and
+    right-to-left letters are drawn as they are."""
+    env = environment()
+    record = {"route": "charge", "key": INVISIBLE_KEY, "digest": "0f" * 16}
+    fields = env.get_template("ref_fields.html").render(csrf="t", record=record)
+    assert f'name="key" value="{INVISIBLE_KEY}"' in fields
+    row = {
+        "route": "charge", "key": INVISIBLE_KEY, "digest": "0f" * 16, "state": "parked",
+        "state_age": 3.0, "holder": "", "holder_since_ms": 0, "reason": "timed out \u202e",
+        "delivery": False, "since_ms": 1, "created_ms": 1,
+    }  # fmt: skip
+    table = env.get_template("keys_table.html").render(
+        rows=[row], read_ms=1, total=1, older_than="", first_url="", prev_url="", next_url=""
+    )
+    assert f"<bdi>{SPELLED}</bdi>" in table and "timed out ⟨U+202E⟩" in table
+    assert not set(table) & set(INVISIBLE_KEY[4:]) - set("abcdef")
+    drawn = env.from_string("{{ a }}|{{ b }}|{{ c }}").render(a="plain", b="שלום", c=7)
+    assert drawn == "plain|שלום|7"
 
 
 def test_a_key_url_carries_any_key_in_its_query() -> None:
@@ -208,23 +270,28 @@ class Console:
         return record
 
 
+def console_config(roles: dict[str, str] | None = None, **admin: Any) -> Config:
+    """The console's config: every one of TOKENS an operator (or `roles`), their
+    tokens from the environment, behind a proxy at 10.0.0.0/8; `admin` changes it."""
+    section = {
+        "operators": [
+            {"name": name, "role": role, "token_env": f"{name.upper()}_TOKEN"}
+            for name, role in (roles or dict.fromkeys(TOKENS, "operator")).items()
+        ],
+        "session_secret_env": "CONSOLE_SECRET",
+        "identity_header": "X-Auth-Request-User",
+        "trusted_proxies": ["10.0.0.0/8"],
+    } | admin
+    routes = [{"name": ROUTE, "match": {"path": "/c"}, "key": {"body": "k"}}]
+    return config_for("http://127.0.0.1:9", routes, admin=section)
+
+
 @pytest.fixture
 async def console(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Console]:
     for name, token in TOKENS.items():
         monkeypatch.setenv(f"{name.upper()}_TOKEN", token)
     monkeypatch.setenv("CONSOLE_SECRET", "s" * 40)
-    admin = {
-        "operators": [
-            {"name": name, "role": "operator", "token_env": f"{name.upper()}_TOKEN"}
-            for name in TOKENS
-        ],
-        "session_secret_env": "CONSOLE_SECRET",
-        "identity_header": "X-Auth-Request-User",
-        "trusted_proxies": ["10.0.0.0/8"],
-    }
-    routes = [{"name": ROUTE, "match": {"path": "/c"}, "key": {"body": "k"}}]
-    config = config_for("http://127.0.0.1:9", routes, admin=admin)
-    gateway = Gateway(config, store=MemoryStore(), sweep=False)
+    gateway = Gateway(console_config(), store=MemoryStore(), sweep=False)
     await gateway.start()
     yield Console(gateway, create_admin_app(gateway))
     await gateway.close()
@@ -259,6 +326,60 @@ async def test_the_identity_header_signs_in_from_a_trusted_proxy_alone(console: 
     async with console.client("10.1.2.3") as proxied:
         stranger = await proxied.get("/console/signin", headers={"X-Auth-Request-User": "eve"})
         assert stranger.status_code == 200 and "set-cookie" not in stranger.headers
+
+
+@pytest.mark.anyio
+async def test_a_session_ends_with_the_credential_it_stands_on(
+    console: Console, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reloads that change what a session was signed in with end it, and only it:
+    alice's token session when her token changes; bob's session, made by the proxy's
+    header, when the proxies it is believed from change, or when his token does (a
+    new token is how to end all of one person's sessions); carol's token session
+    through all of that, and through a change of role."""
+    header = {"X-Auth-Request-User": "bob"}
+
+    async def status(client: httpx.AsyncClient) -> int:
+        return (await client.get("/console/")).status_code
+
+    async with (
+        console.client("192.0.2.7") as alice,
+        console.client("192.0.2.7") as carol,
+        console.client("10.1.2.3") as proxy,
+        console.client("192.0.2.7") as bob,  # bob's cookie, from outside the proxy
+    ):
+        await sign_in(alice, "alice")
+        await sign_in(carol, "carol")
+
+        async def sso() -> None:
+            made = await proxy.get("/console/signin", headers=header)
+            assert made.status_code == 303, made.text
+            bob.cookies.set("console_session", proxy.cookies["console_session"])
+
+        await sso()
+        assert [await status(c) for c in (alice, carol, bob)] == [200, 200, 200]
+
+        console.gateway.reload(console_config(trusted_proxies=["10.0.0.0/8", "192.168.0.0/16"]))
+        assert [await status(c) for c in (alice, carol, bob)] == [200, 200, 303]
+        await sso()  # through the proxy, a page signs bob in again at once
+        assert await status(bob) == 200
+
+        monkeypatch.setenv("ALICE_TOKEN", "alice-rotated-" + "a" * 20)
+        console.gateway.reload(console_config())
+        assert [await status(c) for c in (alice, carol)] == [303, 200]
+        await sso()
+        monkeypatch.setenv("BOB_TOKEN", "bob-rotated-" + "b" * 20)
+        console.gateway.reload(console_config())
+        assert [await status(c) for c in (carol, bob)] == [200, 303]
+        await sso()
+        assert await status(bob) == 200
+
+        console.gateway.reload(console_config(identity_header="", trusted_proxies=[]))
+        assert [await status(c) for c in (carol, bob)] == [200, 303]
+
+        console.gateway.reload(console_config({"carol": "viewer"}))
+        page = await carol.get("/console/")
+        assert page.status_code == 200 and "(viewer)" in page.text
 
 
 @pytest.mark.anyio
@@ -340,6 +461,50 @@ async def test_resolving_done_needs_a_note_and_a_replayable_response(console: Co
 
 
 @pytest.mark.anyio
+async def test_a_response_status_is_read_as_ascii_digits_alone(console: Console) -> None:
+    """`²` passes str.isdigit() and int() then refuses it (a 500 with a traceback);
+    int() reads `٢٠٠` as 200. The form's status is ASCII digits and nothing else: any
+    other text is refused in words, and the key is left as it was."""
+    ref = await console.parked(unique("k"))
+    async with console.client() as alice:
+        token = await sign_in(alice, "alice")
+        assert (await alice.post("/console/claim", data=form(ref, token))).status_code == 303
+        before = await console.record(ref)
+        for given in ("²", "2²", "٢٠٠", "\uff12\uff10\uff10", "2_00", "+200", "2e2", "9" * 40):
+            fields = {"note": "n", "response_status": given}
+            answer = await alice.post(
+                "/console/resolve", data=form(ref, token, outcome="done", **fields)
+            )
+            assert answer.status_code == 400, (given, answer.text)
+            assert "is not a number" in answer.text, (given, answer.text)
+            after = await console.record(ref)
+            assert after == replace(before, now_ms=after.now_ms), given
+        done = await alice.post(
+            "/console/resolve",
+            data=form(ref, token, outcome="done", note="n", response_status=" 202 "),
+        )
+        assert done.status_code == 303, done.text
+    record = await console.record(ref)
+    assert record.response is not None and record.response.status == 202
+
+
+@pytest.mark.anyio
+async def test_a_forms_declared_length_is_a_number_only_in_ascii_digits(
+    console: Console,
+) -> None:
+    """A Content-Length that is no number (`²`) is not believed, never a 500: the form
+    as it arrives decides, within the same limit."""
+    ref = await console.parked(unique("k"))
+    async with console.client() as alice:
+        token = await sign_in(alice, "alice")
+        body = urlencode(form(ref, token))
+        headers = {"Content-Type": "application/x-www-form-urlencoded", "Content-Length": b"\xb2"}
+        answer = await alice.post("/console/claim", content=body, headers=headers)
+        assert answer.status_code == 303, answer.text
+    assert (await console.record(ref)).holder == "alice"
+
+
+@pytest.mark.anyio
 async def test_resolving_retry_releases_the_key(console: Console) -> None:
     ref = await console.parked(unique("k"))
     async with console.client() as alice:
@@ -380,3 +545,146 @@ async def test_the_cookie_is_secure_when_a_trusted_proxy_says_https(console: Con
             "/console/signin", data=data, headers={"X-Forwarded-Proto": "https"}
         )
         assert plain.status_code == 303 and "Secure" not in plain.headers["set-cookie"]
+
+
+@pytest.mark.anyio
+@pytest.mark.redis
+async def test_reloads_while_the_store_is_down_never_revive_a_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """alice is removed and added back with the same token while Redis is down. Her
+    old cookie is never accepted: while the roster cannot be read the console answers
+    503 (the cookie is kept: nothing says it is over); when Redis answers again both
+    reloads are recorded, in order, so alice comes back with a new time, her old
+    cookie is signed out and a new sign-in works. bob, on the list throughout, keeps
+    his session."""
+    for name, token in TOKENS.items():
+        monkeypatch.setenv(f"{name.upper()}_TOKEN", token)
+    monkeypatch.setenv("CONSOLE_SECRET", "s" * 40)
+    server = RedisServer("--appendonly", "yes", "--appendfsync", "always").start()
+    config = StoreConfig(
+        url=server.url, prefix=unique("roster") + ":", socket_timeout=0.5, connect_timeout=0.5
+    )
+    gateway = Gateway(console_config(), store=RedisStore(config), sweep=False)
+    await gateway.start()
+    console = Console(gateway, create_admin_app(gateway))
+    try:
+        async with console.client() as alice, console.client() as bob:
+            await sign_in(alice, "alice")
+            await sign_in(bob, "bob")
+            server.stop()
+            gateway.reload(console_config({"bob": "operator", "carol": "operator"}))
+            gateway.reload(console_config())
+            # The sign-in page reads no key: only the session's check could refuse it.
+            down = await alice.get("/console/signin")
+            assert down.status_code == 503, down.text
+            assert "The store is unreachable" in down.text and "set-cookie" not in down.headers
+            server.start()
+            wait_for_port(server.port)
+            await gateway.roster.refresh()  # what Roster.run does within REFRESH seconds
+            out = await alice.get("/console/")
+            assert out.status_code == 303 and "Max-Age=0" in out.headers["set-cookie"]
+            assert (await bob.get("/console/")).status_code == 200
+            await sign_in(alice, "alice")
+            assert (await alice.get("/console/")).status_code == 200
+    finally:
+        await gateway.close()
+        server.stop()
+
+
+@pytest.mark.anyio
+async def test_a_replica_without_the_console_leaves_the_roster_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Replicas share the store's roster. One whose config has no session secret (its
+    console off) records nothing, at start or reload, so the others' sessions stand;
+    one with the secret and no operators records an empty roster."""
+    for name, token in TOKENS.items():
+        monkeypatch.setenv(f"{name.upper()}_TOKEN", token)
+    monkeypatch.setenv("CONSOLE_SECRET", "s" * 40)
+    store = MemoryStore()
+    console = Gateway(console_config(), store=store, sweep=False)
+    await console.start()
+    recorded = await store.roster()
+    assert {entry.partition(":")[2] for entry in recorded} == set(TOKENS)
+    off = Gateway(console_config(session_secret_env=""), store=store, sweep=False)
+    await off.start()
+    off.reload(console_config(session_secret_env=""))
+    await off.roster.refresh()
+    assert await store.roster() == recorded
+    config = console_config(operators=[], identity_header="", trusted_proxies=[])
+    nobody = Gateway(config, store=store, sweep=False)
+    await nobody.start()
+    assert await store.roster() == {}
+    for gateway in (console, off, nobody):
+        await gateway.close()
+
+
+@pytest.mark.anyio
+async def test_the_live_refresh_asks_only_for_what_changed(console: Console) -> None:
+    """The keys table comes with an ETag; asked again with it, an unchanged table is 304
+    with no body (ages alone are counted on in the browser); a change is a new table."""
+    refs = [await console.parked(f"k{i}") for i in range(3)]
+    async with console.client() as client:
+        await sign_in(client, "alice")
+        first = await client.get("/console/keys/rows")
+        tag = first.headers["etag"]
+        assert first.status_code == 200 and tag.startswith('"')
+        assert first.text.count("data-since-ms=") == 3 and "data-read-ms=" in first.text
+        same = await client.get("/console/keys/rows", headers={"If-None-Match": tag})
+        assert same.status_code == 304 and same.content == b""
+        assert same.headers["etag"] == tag and same.headers["cache-control"] == "no-store"
+        assert (await console.gateway.store.operator_claim(refs[0], "bob", False)).ok
+        changed = await client.get("/console/keys/rows", headers={"If-None-Match": tag})
+        assert changed.status_code == 200 and changed.headers["etag"] != tag
+        assert '<td class="holder">bob</td>' in changed.text
+
+
+@pytest.mark.anyio
+async def test_the_keys_page_shows_a_page_with_links_and_the_count(console: Console) -> None:
+    for i in range(130):
+        await console.parked(f"many-{i}")
+    async with console.client() as client:
+        await sign_in(client, "alice")
+        first = await client.get("/console/keys")
+        assert first.status_code == 200
+        assert first.text.count("<tr data-key=") == 100
+        assert "130 keys in these states" in first.text
+        found = re.search(r'<a href="([^"]+)" rel="next">Next</a>', first.text)
+        assert found and 'rel="prev"' not in first.text
+        second = await client.get(found.group(1).replace("&amp;", "&"))
+        assert second.text.count("<tr data-key=") == 30
+        assert 'rel="next"' not in second.text and 'rel="prev"' in second.text
+        keys = re.findall(r'<tr data-key="([^"]+)">', first.text + second.text)
+        assert sorted(keys) == sorted(f"many-{i}" for i in range(130))
+        # The live refresh of the second page reads that page again, from its cursor.
+        refresh = re.search(r'data-refresh="([^"]+)"', second.text)
+        assert refresh and "cursor=" in refresh.group(1)
+        rows = await client.get(refresh.group(1).replace("&amp;", "&"))
+        assert rows.text.count("<tr data-key=") == 30
+        bad = await client.get("/console/keys", params={"cursor": "made-up!"})
+        assert bad.status_code == 400 and "cursor" in bad.text
+
+
+@pytest.mark.anyio
+async def test_an_empty_page_with_more_to_follow_says_so_and_links_on(console: Console) -> None:
+    """In-flight keys too young for `older_than`, more than one page reads: the first
+    page is empty, says more follow and links to them; the walk ends on the page that
+    says no key waits."""
+    store = console.gateway.store
+    for i in range(READ_ROUNDS * (PAGE_SIZE + 1) + 20):
+        key = f"young-{i}"
+        assert (
+            await store.claim(KeyRef(record_digest(ROUTE, "", key), ROUTE, key), "r", "fp", 60)
+            is None
+        )
+    async with console.client() as client:
+        await sign_in(client, "alice")
+        first = await client.get("/console/keys", params={"state": "in_flight", "older_than": "1h"})
+        assert first.status_code == 200 and "<tr data-key=" not in first.text
+        assert "more follow on the next page" in first.text
+        found = re.search(r'<a href="([^"]+)" rel="next">Next</a>', first.text)
+        assert found, first.text
+        last = await client.get(found.group(1).replace("&amp;", "&"))
+        assert "<tr data-key=" not in last.text and 'rel="next"' not in last.text
+        assert "No key waits in these states after the previous page." in last.text

@@ -18,18 +18,24 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
-from gateway.app import Gateway
+from gateway.assembly import Gateway
 from gateway.config import DeliveryConfig, KeySource, KeySpec, RetryConfig, Route
-from gateway.delivery import next_delay, parse_retry_after, plan
-from gateway.forwarding import NO_PROXIES, TrustedProxies, forwarded_headers
-from gateway.keys import RequestParts, record_digest
-from gateway.outbound import Origin
-from gateway.records import KeyRef, Record, State
-from gateway.settlement import stored_request
-from tests.conftest import GatewayClient, config_for, unique, upstream_count
+from gateway.delivery import attempt as delivery_attempt
+from gateway.delivery.retry import next_delay, parse_retry_after, plan
+from gateway.engine.accept import stored_request
+from gateway.engine.outbound import Origin
+from gateway.errors import StoreError
+from gateway.headers import NO_PROXIES, TrustedProxies, forwarded_headers
+from gateway.keying import RequestParts, record_digest
+from gateway.records import KeyRef, Record, State, StoredResponse
+from gateway.store.base import Accepted, NewDelivery
+from gateway.store.memory import MemoryStore
+from tests.conftest import ALL_STORES, GatewayClient, config_for, unique, upstream_count
+from tests.support.faulty_store import LostPickReply, UnforeseenFault
+from tests.support.ledger import Ledger
 from tests.support.servers import Process, upstream_server
 
 pytestmark = pytest.mark.anyio
@@ -132,6 +138,53 @@ def test_parse_retry_after() -> None:
         assert parse_retry_after(bad, now) is None
 
 
+def test_retry_after_is_read_as_rfc_9110_writes_it_and_nothing_else() -> None:
+    """delta-seconds is ASCII `1*DIGIT`, an HTTP-date one of RFC 9110's three formats
+    in GMT; anything else is ignored, never an exception (`²` passes str.isdigit() and
+    then float() refuses it; float() takes `٢٠` and `1_0`)."""
+    now = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC).timestamp()
+    for ignored in (
+        "²",  # superscript two: str.isdigit() says yes, float() raises
+        "¹²",
+        "٢٠",  # Arabic-Indic twenty: float() reads 20
+        "\uff12\uff10",  # fullwidth twenty
+        "1_0",
+        "+5",
+        "5e1",
+        "0x10",
+        "\u20035",  # an em space is not OWS
+        "5\u00a0",
+        "NaN",
+        "inf",
+        "Thu, 03 Dec 2026 12:00:30 +0000",  # not GMT
+        "Thu, ٠٣ Dec 2026 12:00:30 GMT",  # another script's digits in a date
+        "Thu, 03 dec 2026 12:00:30 GMT",  # the month is case-sensitive
+        "Thu, 3 Dec 2026 12:00:30 GMT",  # two digits for the day
+        "Thu, 03 Dec 2026 24:00:30 GMT",
+        "Thu, 31 Feb 2026 12:00:30 GMT",
+        "Thu, 03 Dec 2026 12:00:30 GMT trailing",
+        "Thu, 03 Dec 99999 12:00:30 GMT",
+    ):
+        assert parse_retry_after(ignored, now) is None, ignored
+    assert parse_retry_after("\t 30 \t", now) == 30.0  # OWS around it is not the value
+    assert parse_retry_after("007", now) == 7.0
+    # RFC 9111 1.2.2: a delta-seconds too large to hold is 2^31, never an infinity
+    # (which no store's JSON can hold) nor an error.
+    assert parse_retry_after("9" * 400, now) == 2.0**31
+    assert parse_retry_after("0" * 400 + "12", now) == 12.0
+    assert parse_retry_after("2147483649", now) == 2.0**31
+    # The three HTTP-date formats (RFC 9110 5.6.7), each 30 s after `now`.
+    for date in (
+        "Thu, 03 Dec 2026 12:00:30 GMT",
+        "Thursday, 03-Dec-26 12:00:30 GMT",
+        "Thu Dec  3 12:00:30 2026",
+    ):
+        assert parse_retry_after(date, now) == 30.0, date
+    # A two-digit year more than 50 years ahead is the last such year in the past.
+    assert parse_retry_after("Monday, 03-Dec-90 12:00:30 GMT", now) == 0.0
+    assert parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now) == 2.0**31
+
+
 # -- in-process gateways --------------------------------------------------------------------
 
 
@@ -180,6 +233,50 @@ async def test_article_case_accepted_then_delivered_once(
     # Another request under the same key is refused, as on a sync route.
     other = await send(gw, key, "sleep=3.5", body=b'{"other": 1}')
     assert other.status_code == 422
+
+
+class AnswerLostOnce(MemoryStore):
+    """A store whose first accept of each key is written and its answer then lost (a
+    connection cut after the write, and on the retry too): the gateway cannot know
+    whether the request is queued. It is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost: set[str] = set()
+
+    async def accept(self, delivery: NewDelivery) -> Accepted:
+        accepted = await super().accept(delivery)
+        if delivery.ref.digest not in self.lost:
+            self.lost.add(delivery.ref.digest)
+            raise StoreError("connection lost after the accept was written")
+        return accepted
+
+
+async def test_an_accept_whose_answer_was_lost_is_not_said_to_be_refused(
+    upstream: Process,
+) -> None:
+    """The store failed on the accept after it wrote it: the job is queued and will
+    run, though the gateway could not confirm it. The 503 says it may be queued and
+    that a repeat with the same key shows its state; it never says the request was
+    not forwarded or not accepted. The job runs once; the repeat gets its 202."""
+    gateway = Gateway(config_for(upstream.url, [async_route()]), store=AnswerLostOnce())
+    await gateway.start()
+    gw = GatewayClient(gateway)
+    try:
+        key = unique("lost-accept")
+        first = await send(gw, key)
+        await wait_for_state(gw, key, State.COMPLETED)
+        repeat = await send(gw, key)
+    finally:
+        await gw.http.aclose()
+        await gateway.close()
+    doc = first.json()
+    assert first.status_code == 503 and first.headers["retry-after"], doc
+    assert doc["type"].endswith("/store-unavailable"), doc
+    assert "did not forward" not in doc["detail"] and "may be queued" in doc["detail"], doc
+    assert "same key" in doc["detail"], doc
+    assert await upstream_count(upstream, key) == 1
+    assert (repeat.status_code, repeat.json()["state"]) == (202, "completed"), repeat.text
 
 
 async def test_retries_until_the_upstream_answers(gateway_for: Build, upstream: Process) -> None:
@@ -250,6 +347,50 @@ async def test_exhausted_attempts_park_the_key(gateway_for: Build, upstream: Pro
     again = await send(gw, key, "fail_first=10")
     assert (again.status_code, again.json()["state"]) == (202, "parked")
     assert await upstream_count(upstream, key) == 3
+
+
+async def wait_until_settled(gw: GatewayClient, key: str, timeout: float = 15) -> Record:
+    """The record once its delivery has come to rest: completed, parked or unresolved."""
+    rest = (State.COMPLETED, State.PARKED, State.UNRESOLVED)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = await record_of(gw, key)
+        if record is not None and record.state in rest:
+            return record
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{key} never came to rest: {await record_of(gw, key)}")
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 304, 307, 308])
+async def test_a_redirect_completes_the_delivery(
+    gateway_for: Build, upstream: Process, status: int, ledger: Ledger
+) -> None:
+    """A job endpoint in the Post/Redirect/Get style does the work and answers 303 (or
+    any 3xx): the delivery is completed by its first attempt, never attempted again,
+    and its status URL shows the redirect with its Location."""
+    gw = await gateway_for([async_route()])
+    key = unique(f"redirect{status}")
+    query = f"status={status}&location=/jobs/done/{key}"
+    accepted = await send(gw, key, query)
+    assert accepted.status_code == 202
+    record = await wait_until_settled(gw, key)
+    assert record.state is State.COMPLETED, (record.state, record.last_attempt)
+    assert record.attempts == 1 and events(record, "retry_scheduled") == []
+    assert record.response is not None and record.response.status == status
+    assert ("location", f"/jobs/done/{key}") in record.response.headers
+    again = await send(gw, key, query)
+    assert (again.status_code, again.json()["state"]) == (202, "completed")
+    assert again.headers["idempotent-replayed"] == "true"
+    shown = (await gw.request("GET", again.json()["status_url"])).json()
+    assert shown["response"]["status"] == status
+    assert ["location", f"/jobs/done/{key}"] in shown["response"]["headers"]
+    assert shown["last_attempt"]["status"] == status
+    await asyncio.sleep(0.3)  # FAST_RETRY's backoff is at most 200 ms: none follows
+    runs = await upstream_count(upstream, key)
+    ledger.record(
+        "redirects", f"async route, {status}", requests=2, upstream_duplicates=max(0, runs - 1)
+    )
+    assert runs == 1
 
 
 def reconcile_block(upstream: Process) -> dict[str, Any]:
@@ -398,14 +539,61 @@ async def test_queue_full_refuses_new_keys_only(gateway_for: Build, upstream: Pr
     first, second = unique("q"), unique("q")
     assert (await send(gw, first)).status_code == 202
     assert (await send(gw, second)).status_code == 202
-    await asyncio.sleep(1.5)  # the admission depth is at most QUEUE_WATCH old
-    full = await send(gw, unique("q"))
+    full = await send(gw, unique("q"))  # at once: the store counts, in the same step
     assert full.status_code == 503
     assert full.json()["type"].endswith("queue-full")
     assert full.headers["retry-after"] == "30"
     again = await send(gw, first)
     assert (again.status_code, again.json()["state"]) == (202, "queued")
     assert await upstream_count(upstream, first) == 0
+
+
+@pytest.mark.parametrize("store_kind", ALL_STORES)
+async def test_an_accept_refused_at_the_bound_keeps_nothing_and_says_retry_later(
+    gateway_for: Build, upstream: Process
+) -> None:
+    """At max_queued a new key gets 503 queue-full whose words say it was not queued,
+    with Retry-After; the store keeps nothing for it (no record, no place in the
+    bound: on a Cluster no admission mark), so once the queue has room the same key is
+    accepted and delivered."""
+    route = async_route(delivery={"mode": "async", "max_queued": 1})
+    gw = await gateway_for([route], server={"max_deliveries": 0})
+    first, refused = unique("q"), unique("q")
+    assert (await send(gw, first)).status_code == 202
+    full = await send(gw, refused)
+    assert full.status_code == 503 and full.headers["retry-after"] == "30"
+    assert full.headers["content-type"] == "application/problem+json"
+    doc = full.json()
+    assert doc["type"].endswith("queue-full") and doc["key"] == refused
+    assert "not queued" in doc["detail"] and "nothing was kept" in doc["detail"]
+    assert "again" in doc["detail"] and "Retry-After" in doc["detail"]
+    assert await record_of(gw, refused) is None
+    [stat] = await gw.gateway.store.queue_stats()
+    assert (stat.queued, stat.retrying) == (1, 0)
+    store = gw.gateway.store
+    picked = await store.pick(ROUTE, ref_of(first), "run-1", 30, 8, "replica-a")
+    assert picked.record is not None and picked.record.state is State.IN_FLIGHT
+    assert await store.complete(ref_of(first), "run-1", StoredResponse(200, (), b"{}"), 60)
+    again = await send(gw, refused)
+    assert (again.status_code, again.json()["state"]) == (202, "queued"), again.text
+    assert "idempotent-replayed" not in again.headers
+
+
+async def test_a_burst_of_new_keys_is_admitted_up_to_max_queued_exactly(
+    gateway_for: Build, upstream: Process
+) -> None:
+    """Forty new keys at once on a route with max_queued 5: five 202s, thirty-five 503
+    queue-full, and five deliveries queued; the next new key is refused too."""
+    route = async_route(delivery={"mode": "async", "max_queued": 5})
+    gw = await gateway_for([route], server={"max_deliveries": 0})
+    keys = [unique("burst") for _ in range(40)]
+    answers = await asyncio.gather(*(send(gw, key) for key in keys))
+    statuses = [a.status_code for a in answers]
+    assert statuses.count(202) == 5 and statuses.count(503) == 35, statuses
+    assert all(a.json()["type"].endswith("queue-full") for a in answers if a.status_code == 503)
+    [stat] = await gw.gateway.store.queue_stats()
+    assert (stat.queued, stat.retrying) == (5, 0)
+    assert (await send(gw, unique("late"))).status_code == 503
 
 
 async def test_deliveries_of_a_removed_route_are_parked(
@@ -430,14 +618,16 @@ async def test_deliveries_of_a_removed_route_are_parked(
     [
         pytest.param("redis", marks=pytest.mark.redis),
         pytest.param("postgres", marks=pytest.mark.postgres),
+        "sqlite",
     ],
 )
 async def test_storm_two_gateways_one_delivery_per_key(
     make_store: Callable[[], Any], upstream: Process, store_kind: str
 ) -> None:
     """20 keys x 5 parallel copies, spread over two gateways on one Redis (or one
-    PostgreSQL, whose pick is FOR UPDATE SKIP LOCKED): each caller gets a 202 for its
-    key, and each key is delivered exactly once."""
+    PostgreSQL, whose pick is FOR UPDATE SKIP LOCKED, or one SQLite file, whose pick
+    holds its write lock): each caller gets a 202 for its key, and each key is
+    delivered exactly once."""
     config = config_for(upstream.url, [async_route()])
     gateways = [Gateway(config, store=make_store(), sweep=False) for _ in range(2)]
     clients = [GatewayClient(g) for g in gateways]
@@ -505,3 +695,285 @@ async def test_a_gateway_that_delivers_nothing_does_not_listen_for_delivery_noti
     assert record.attempts == 1 and await upstream_count(upstream, key) == 1
     gw.gateway.reload(config_for(upstream.url, [async_route()], server={"max_deliveries": 0}))
     assert not gw.gateway.store.due.listening
+
+
+# -- whatever the upstream answers, an attempt settles its record ------------------------
+
+
+class RawAnswers:
+    """A loopback upstream of plain asyncio streams, in the test's own loop: each
+    request, read whole, is answered with the bytes given for its key (a plain 200 for
+    any other), then the connection closes."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, bytes] = {}
+        self.seen: set[str] = set()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            fields = dict(
+                (name.strip().lower(), value.strip())
+                for name, _, value in (line.partition(b":") for line in head.split(b"\r\n")[1:])
+            )
+            await reader.readexactly(int(fields.get(b"content-length", b"0")))
+            key = fields.get(b"idempotency-key", b"").decode("latin-1")
+            writer.write(self.answers.get(key, b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"))
+            self.seen.add(key)
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+#: Retry-After values a broken or hostile upstream may send, beside arbitrary bytes.
+_ODD_RETRY_AFTER = [
+    b"\xb2",  # latin-1 "²": str.isdigit() says yes, float() refuses it
+    b"\xb9\xb2\xb3",
+    b"1\xb2",
+    b"\xc2\xb2",
+    b"9" * 400,
+    b"99999999999999999999",
+    b"-1",
+    b"1.5",
+    b"1_0",
+    b"inf",
+    b"NaN",
+    b"Thu, 03 Dec 2026 12:00:30 GMT",
+    b"Thu, 03 Dec 99999 12:00:30 GMT",
+    b"Thursday, 03-Dec-26 12:00:30 GMT",
+    b"Thu Dec  3 12:00:30 2026",
+    b"Mon, 01 Jan 0001 00:00:00 GMT",
+    b"Fri, 31 Dec 9999 23:59:59 GMT",
+    b"",
+]
+_header_names = st.one_of(
+    st.sampled_from(
+        [b"Retry-After", b"retry-after", b"Location", b"Content-Type", b"Date", b"X-Job"]
+    ),
+    st.binary(min_size=1, max_size=12),
+)
+_retry_after = st.one_of(
+    st.sampled_from(_ODD_RETRY_AFTER),
+    st.binary(max_size=40),
+    st.integers(min_value=0, max_value=10**40).map(lambda n: str(n).encode()),
+)
+_answer_headers = st.lists(
+    st.one_of(
+        st.tuples(st.just(b"Retry-After"), _retry_after),
+        st.tuples(_header_names, st.binary(max_size=40)),
+    ),
+    max_size=4,
+)
+_statuses = st.sampled_from([200, 201, 204, 301, 303, 304, 404, 408, 429, 500, 503])
+
+
+def test_no_answer_leaves_a_delivery_in_flight(ledger: Ledger) -> None:
+    """Whatever header bytes the upstream's answer carries (Retry-After among them,
+    arbitrary bytes, names and values), a real delivery attempt against a raw-socket
+    upstream settles its record: completed, retrying, parked or unresolved, never left
+    in flight for its lease to find (which would park an answered request as an unknown
+    outcome)."""
+    loop = asyncio.new_event_loop()
+    raw = RawAnswers()
+    examples = 0
+    stranded: list[tuple[int, list[tuple[bytes, bytes]], str]] = []
+
+    async def setup() -> GatewayClient:
+        url = await raw.start()
+        retry = {"attempts": 2, "backoff": "10m", "max_backoff": "10m"}
+        config = config_for(url, [async_route(retry=retry, upstream_timeout="2s")])
+        gateway = Gateway(config, store=MemoryStore(), sweep=False)
+        await gateway.start()
+        return GatewayClient(gateway)
+
+    gw = loop.run_until_complete(setup())
+
+    async def attempt(status: int, headers: list[tuple[bytes, bytes]]) -> State:
+        key = unique("answer")
+        lines = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+        raw.answers[key] = b"HTTP/1.1 %d X\r\n%scontent-length: 2\r\n\r\nok" % (status, lines)
+        assert (await send(gw, key)).status_code == 202
+        deadline = time.monotonic() + 5  # the lease is 15 s and more: a stranded one shows
+        while True:
+            record = await record_of(gw, key)
+            assert record is not None
+            if key in raw.seen and record.state not in (State.QUEUED, State.IN_FLIGHT):
+                return record.state
+            if time.monotonic() > deadline:
+                stranded.append((status, headers, str(record.state)))
+                return record.state
+            await asyncio.sleep(0.01)
+
+    @settings(
+        max_examples=200,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate],
+    )
+    @example(status=503, headers=[(b"Retry-After", b"\xb2")])
+    @example(status=429, headers=[(b"Retry-After", b"9" * 400)])
+    @given(status=_statuses, headers=_answer_headers)
+    def check(status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        nonlocal examples
+        examples += 1
+        state = loop.run_until_complete(attempt(status, headers))
+        assert state not in (State.QUEUED, State.IN_FLIGHT), (status, headers, state)
+
+    try:
+        check()
+    finally:
+        ledger.record(
+            "properties",
+            "test_no_answer_leaves_a_delivery_in_flight",
+            requests=examples,
+            bad_inputs=examples,
+            records_lost=len(stranded),
+            detail=f"{examples} answers with arbitrary header bytes; left in flight: "
+            f"{stranded[:3]}",
+        )
+
+        async def teardown() -> None:
+            await gw.http.aclose()
+            await gw.gateway.close()
+            assert raw.server is not None
+            raw.server.close()
+
+        loop.run_until_complete(teardown())
+        loop.close()
+
+
+async def test_a_fault_before_sending_schedules_the_next_attempt(gateway_for: Build) -> None:
+    """An error the client does not expect before a byte leaves (a host label over 63
+    characters: UnicodeError from the resolver) is a request never sent: each attempt
+    is retried per the schedule and, when none is left, parked; none stays in flight."""
+    retry = {"attempts": 2, "backoff": "10ms", "max_backoff": "10ms"}
+    gw = await gateway_for([async_route(upstream="http://" + "a" * 64 + ".example", retry=retry)])
+    key = unique("label")
+    assert (await send(gw, key)).status_code == 202
+    record = await wait_until_settled(gw, key, timeout=5)
+    assert record.state is State.PARKED and record.attempts == 2, record
+    assert [e["attempt"]["result"] for e in events(record, "retry_scheduled")] == [
+        "retry_scheduled"
+    ]
+    assert record.last_attempt["error"].startswith("not sent: the gateway failed")
+
+
+async def test_a_fault_while_building_the_request_is_a_request_never_sent(
+    gateway_for: Build, upstream: Process, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stored request cannot be turned into the one to send, once, for a reason
+    nobody foresaw: nothing was sent, so the attempt is scheduled again (not left in
+    flight), and the next attempt delivers it once."""
+    faults = [RuntimeError("an unforeseen fault while building the request")]
+    build = delivery_attempt.delivery_outbound
+
+    def failing_once(*args: Any) -> Any:
+        if faults:
+            raise faults.pop()
+        return build(*args)
+
+    monkeypatch.setattr(delivery_attempt, "delivery_outbound", failing_once)
+    gw = await gateway_for([async_route()])
+    key = unique("build")
+    assert (await send(gw, key)).status_code == 202
+    record = await wait_until_settled(gw, key, timeout=5)
+    assert record.state is State.COMPLETED and record.attempts == 2, record
+    (scheduled,) = events(record, "retry_scheduled")
+    assert scheduled["attempt"]["error"].startswith("not sent: the gateway failed")
+    assert await upstream_count(upstream, key) == 1
+
+
+@pytest.mark.parametrize(
+    ("fail", "query"), [("retry_later", "fail_first=1&retry_after=1"), ("complete", "")]
+)
+async def test_a_fault_while_settling_an_attempt_leaves_it_unresolved_not_in_flight(
+    upstream: Process, fail: str, query: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The upstream answered (503, or 200); recording that answer fails with an error
+    nobody foresaw. The request was sent, so the attempt is settled as an unknown
+    outcome at once (parked, the route's policy) and logged with its traceback: never
+    left in flight until its lease runs out, and never sent again blind."""
+    store = UnforeseenFault(fail)
+    gateway = Gateway(config_for(upstream.url, [async_route()]), store=store, sweep=False)
+    await gateway.start()
+    gw = GatewayClient(gateway)
+    try:
+        key = unique(f"fault-{fail}")
+        assert (await send(gw, key, query)).status_code == 202
+        record = await wait_until_settled(gw, key, timeout=5)
+        assert record.state is State.PARKED, record
+        assert "the gateway failed" in record.reason
+        assert store.raised == 1
+        assert any(
+            r.exc_info is not None and "unforeseen fault" in str(r.exc_info[1])
+            for r in caplog.records
+        ), "logged with its traceback"
+        await asyncio.sleep(0.3)
+        assert await upstream_count(upstream, key) == 1
+    finally:
+        await gw.http.aclose()
+        await gateway.close()
+
+
+@pytest.mark.parametrize("fail", ["queue_stats", "due_candidates"])
+async def test_a_fault_in_the_queue_watch_or_rescan_leaves_the_worker_delivering(
+    upstream: Process, fail: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's queue watch (or its rescan) fails with an error nobody foresaw, as
+    a driver's own exception escaping the store does (redis-py's RuntimeError on a
+    connection its cluster client closed, after a failover). It is logged with its
+    traceback and the worker goes on: a delivery accepted after it runs, once. The
+    watch's failure ended the worker's lanes with it: nothing was delivered again."""
+    store = UnforeseenFault(fail)
+    gateway = Gateway(config_for(upstream.url, [async_route()]), store=store, sweep=False)
+    await gateway.start()
+    gw = GatewayClient(gateway)
+    try:
+        deadline = time.monotonic() + 5
+        while not store.raised:  # both run at start
+            assert time.monotonic() < deadline, f"{fail} never called"
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
+        key = unique(f"watch-{fail}")
+        assert (await send(gw, key)).status_code == 202
+        record = await wait_for_state(gw, key, State.COMPLETED, timeout=5)
+        assert record.attempts == 1, record
+        assert any(
+            r.exc_info is not None and "unforeseen fault" in str(r.exc_info[1])
+            for r in caplog.records
+        ), "logged with its traceback"
+        assert await upstream_count(upstream, key) == 1
+    finally:
+        await gw.http.aclose()
+        await gateway.close()
+
+
+async def test_a_pick_whose_reply_was_lost_is_found_by_its_repeat(upstream: Process) -> None:
+    """A pick takes the delivery, and its reply is lost (a store error). The worker
+    tries the pick again as the same attempt (its run id), finds what its first try
+    took, and sends it: once, at once. A repeat under a new run id would find the
+    delivery in flight and leave it there, unsent, until its lease made it an unknown
+    outcome."""
+    store = LostPickReply()
+    gateway = Gateway(config_for(upstream.url, [async_route()]), store=store, sweep=False)
+    await gateway.start()
+    gw = GatewayClient(gateway)
+    try:
+        key = unique("lost-pick")
+        assert (await send(gw, key)).status_code == 202
+        record = await wait_for_state(gw, key, State.COMPLETED, timeout=5)
+        assert store.lost == 1
+        assert record.attempts == 1 and len(events(record, "attempt")) == 1, record
+        assert await upstream_count(upstream, key) == 1
+    finally:
+        await gw.http.aclose()
+        await gateway.close()

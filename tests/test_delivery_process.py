@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from gateway.config import StoreConfig
-from gateway.keys import record_digest
+from gateway.keying import record_digest
 from gateway.records import KeyRef, Record, State
 from gateway.store import open_store
 from tests.conftest import unique, upstream_count
@@ -96,7 +96,7 @@ class Site:
             **route,
         }
 
-    def gateway(self, start: bool = True, **server: Any) -> Process:
+    def gateway(self, start: bool = True, workers: int = 0, **server: Any) -> Process:
         port, admin_port = free_port(), free_port()
         config = {
             "server": {"listen": f"127.0.0.1:{port}", "shutdown_grace": "1s", **server},
@@ -107,6 +107,9 @@ class Site:
         path = self.tmp_path / f"gateway-{port}.yaml"
         path.write_text(yaml.safe_dump(config))
         gateway = gateway_process(path, port)
+        if workers:
+            gateway.args += ["--workers", str(workers)]
+        gateway.admin_port = admin_port  # type: ignore[attr-defined]
         for_this_test(gateway)
         return gateway.start() if start else gateway
 
@@ -518,6 +521,7 @@ async def post_raw(port: int, key: str, side: int) -> Answer:
         pytest.param("postgres", marks=pytest.mark.postgres),
     ],
 )
+@pytest.mark.long
 async def test_storm_two_replicas_twenty_deliveries(
     tmp_path: Path,
     upstream: Process,
@@ -567,3 +571,79 @@ async def test_storm_two_replicas_twenty_deliveries(
         statuses
     )
     assert all(s.json()["response"]["status"] == 200 for s in statuses)
+
+
+class _MemoryServer:
+    """The memory store, for Site: one process, its records its own."""
+
+    url = "memory://"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "topology",
+    [
+        "memory",
+        "redis",
+        pytest.param("cluster", marks=pytest.mark.cluster),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
+async def test_a_burst_over_every_replica_and_worker_queues_exactly_max_queued(
+    tmp_path: Path,
+    upstream: Process,
+    topology: str,
+    ledger: Ledger,
+    request: pytest.FixtureRequest,
+) -> None:
+    """200 new keys at once over two gateway replicas of `--workers 2` (four processes;
+    one process on the memory store), on a route with `delivery.max_queued: 10` whose
+    deliveries wait (`max_deliveries: 0`: nothing is picked meanwhile): exactly ten are
+    accepted (202) and the other 190 refused with 503 queue-full; ten deliveries wait
+    in the store, each an accepted one; a repeat of an accepted key is still its 202."""
+    delivery = {"mode": "async", "max_queued": 10}
+    if topology == "cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        site = Site(tmp_path, upstream, None, cluster, delivery=delivery)
+    elif topology == "memory":
+        site = Site(tmp_path, upstream, _MemoryServer(), delivery=delivery)
+    else:
+        site = Site(tmp_path, upstream, _store_server(topology, request), delivery=delivery)
+    if topology == "memory":
+        gateways = [site.gateway(max_deliveries=0)]
+    else:
+        gateways = [site.gateway(workers=2, max_deliveries=0) for _ in range(2)]
+    for gateway in gateways:  # every worker up: each answers readiness
+        async with httpx.AsyncClient(timeout=10) as client:
+            admin = f"http://127.0.0.1:{gateway.admin_port}"  # type: ignore[attr-defined]
+            for _ in range(8):
+                assert (await client.get(admin + "/readyz")).status_code == 200
+    prefix = unique("burst")
+    answers = await asyncio.gather(
+        *[post_raw(gateways[i % len(gateways)].port, f"{prefix}-{i}", i % 2) for i in range(200)]
+    )
+    accepted = [a.key for a in answers if a.status == 202]
+    if topology != "memory":
+        records = [await site.record(key) for key in accepted]
+    else:
+        records = []
+    async with httpx.AsyncClient(timeout=10) as client:
+        admin = f"http://127.0.0.1:{gateways[0].admin_port}"  # type: ignore[attr-defined]
+        metrics = (await client.get(admin + "/metrics")).text
+    ledger.record(
+        AREA,
+        f"burst_max_queued[{topology}]",
+        requests=len(answers),
+        records_lost=sum(lost(r) for r in records),
+        detail=f"200 new keys over {len(gateways)} gateway(s): {len(accepted)} accepted "
+        "of max_queued 10",
+    )
+    assert sorted(a.status for a in answers) == [202] * 10 + [503] * 190, [
+        a.status for a in answers
+    ]
+    refused = [a for a in answers if a.status == 503]
+    assert all(a.doc["type"].endswith("/queue-full") for a in refused)
+    assert all(r is not None and r.state is State.QUEUED for r in records), records
+    assert f'idempotency_gateway_queue_depth{{route="{ROUTE}",state="queued"}} 10.0' in metrics
+    again = await post_raw(gateways[-1].port, accepted[0], 0)
+    assert again.status == 202 and again.headers["idempotent-replayed"] == "true"

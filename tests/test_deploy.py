@@ -25,6 +25,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.assembly import COUNTS_TTL
 from gateway.config import Config, load_config
 from gateway.metrics import OUTCOMES
 from gateway.records import OPEN_STATES
@@ -398,6 +399,27 @@ def test_compose_runs_redis_two_gateways_a_job_endpoint_and_prometheus(
     )
 
 
+def test_the_sqlite_compose_keeps_the_database_on_a_volume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SQLite compose file's gateway names a file on a named volume, in the
+    directory the image declares a VOLUME and gives its user: the records outlive the
+    container, and the gateway can write them."""
+    spec = yaml.safe_load((DEPLOY / "docker-compose.sqlite.yml").read_text())
+    gateway = spec["services"]["gateway"]
+    monkeypatch.setenv("GATEWAY_STORE_URL", gateway["environment"]["GATEWAY_STORE_URL"])
+    config = load_gateway_config((DEPLOY / "config.yaml").read_text(), tmp_path, monkeypatch)
+    assert config.store.kind == "sqlite"
+    folder = str(Path(config.store.url.removeprefix("sqlite://")).parent)
+    mounts = dict(reversed(volume.split(":")[:2]) for volume in gateway["volumes"])
+    assert mounts[folder] in spec["volumes"], "a named volume, not the container's layer"
+    assert f"./config.yaml:{gateway['environment']['GATEWAY_CONFIG']}:ro" in gateway["volumes"]
+    text = dockerfile()
+    assert re.search(rf"^VOLUME {re.escape(folder)}$", text, re.M)
+    user = re.findall(r"^USER (\S+)", text, re.M)[-1]
+    assert re.search(rf"chown {re.escape(user)} {re.escape(folder)}\b", text)
+
+
 def test_compose_prometheus_scrapes_both_gateways(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -585,6 +607,11 @@ def live(tmp_path_factory: pytest.TempPathFactory, upstream: Process) -> Iterato
                 assert time.monotonic() < deadline, f"not all of {LIVE_WAITS}:\n{scrape}"
                 time.sleep(0.2)
                 scrape = admin.get("/metrics").text
+            # The key and queue gauges come from counts a scrape keeps for COUNTS_TTL:
+            # once the counters say the traffic settled, one more scrape after that
+            # long reads counts taken after it.
+            time.sleep(COUNTS_TTL * 1.5)
+            scrape = admin.get("/metrics").text
         yield Live(scrape, admin_url)
     finally:
         assert gateway.stop() == 0, gateway.output()
@@ -685,7 +712,7 @@ def test_delivery_metrics_count_each_attempt_once(live: Live) -> None:
 
 def test_queue_gauges_keep_each_state_apart() -> None:
     from gateway.metrics import Metrics
-    from gateway.store.base import QueueStat
+    from gateway.records import QueueStat
 
     metrics = Metrics()
     stats = [QueueStat("send-receipts", 3, 1, 42.5), QueueStat("gone", 0, 2, 7.0)]

@@ -10,6 +10,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import os
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,18 +26,25 @@ import yaml
 from prometheus_client import generate_latest
 
 from gateway import cli
-from gateway.app import Gateway
+from gateway.assembly import Gateway
 from gateway.config import parse_config
 from gateway.encryption import PLAIN, ResponseCodec, Unreadable, key_id, new_key, parse_key
 from gateway.errors import ConfigError
-from gateway.keys import record_digest
+from gateway.keying import record_digest
 from gateway.records import KeyRef, State, StoredRequest, StoredResponse
 from gateway.store.base import codec_for
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import BUCKETS, RedisStore
 from tests.conftest import GatewayClient, config_for, unique, upstream_count
 from tests.support.ledger import Ledger
-from tests.support.servers import Process, RedisServer
+from tests.support.servers import (
+    ROOT,
+    Process,
+    RedisServer,
+    free_port,
+    gateway_process,
+    wait_for_port,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -599,13 +610,13 @@ async def test_plain_completion_notice_does_not_wake_a_waiter_with_it(
         replica = second.gateway.store
         assert isinstance(replica, RedisStore)
         heard = asyncio.Event()
-        hear = replica._notice
+        hear = replica.notices._notice
 
         def spy(data: bytes) -> None:
             hear(data)
             heard.set()
 
-        replica._notice = spy  # type: ignore[method-assign]
+        replica.notices._notice = spy  # type: ignore[method-assign]
         body = {"job_key": key, "to": PERSONAL}
         running_one = asyncio.create_task(first.post("/jobs/mail", json=body, params=params))
         async with asyncio.timeout(30):
@@ -678,3 +689,171 @@ async def test_memory_store_refuses_plain_responses_with_a_key(
         assert answer.json() == {"forged": True}
     else:
         assert "stored unencrypted" in assert_problem(answer, key)["detail"]
+
+
+# -- encryption turned on over deliveries stored plain: a real process ------------------
+
+OPERATOR = "enc-alice-" + "t" * 24
+CONSOLE_SECRET = "enc-console-secret-" + "s" * 32
+
+
+def gateway_config(tmp: Path, upstream: Process, redis_url: str, prefix: str, key: str) -> Path:
+    """A gateway on `redis_url` whose async route parks a delivery after one attempt;
+    with `key`, store.encryption_key (and no read_unencrypted)."""
+    store: dict[str, Any] = {"url": redis_url, "prefix": prefix}
+    if key:
+        store["encryption_key"] = key
+    port, admin = free_port(), free_port()
+    config = {
+        "server": {"listen": f"127.0.0.1:{port}", "shutdown_grace": "1s"},
+        "admin": {
+            "listen": f"127.0.0.1:{admin}",
+            "operators": [{"name": "alice", "role": "operator", "token_env": "ENC_TOKEN"}],
+            "session_secret_env": "ENC_SECRET",
+        },
+        "store": store,
+        "routes": [
+            {
+                "name": "deliver",
+                "match": {"methods": ["POST"], "path": "/jobs/deliver"},
+                "upstream": upstream.url,
+                "key": {"header": "X-Job-Key"},
+                "delivery": "async",
+                "retry": {"attempts": 1},
+            }
+        ],
+    }
+    path = tmp / f"gateway-{port}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def start_gateway(path: Path) -> tuple[Process, str, str]:
+    config = yaml.safe_load(path.read_text())
+    port = int(config["server"]["listen"].rsplit(":", 1)[1])
+    env = {"ENC_TOKEN": OPERATOR, "ENC_SECRET": CONSOLE_SECRET}
+    process = gateway_process(path, port, env=env).start()
+    admin = config["admin"]["listen"]
+    wait_for_port(int(admin.rsplit(":", 1)[1]))
+    return process, f"http://127.0.0.1:{port}", f"http://{admin}"
+
+
+def keys_show(admin: str, key: str) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "GATEWAY_OPERATOR_TOKEN": OPERATOR, "GATEWAY_ADMIN_URL": admin}
+    env.pop("GATEWAY_ADMIN_TOKEN", None)
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "keys", "show", "deliver", key],
+        capture_output=True,
+        cwd=ROOT,
+        env=env,
+        timeout=30,
+    )
+
+
+@pytest.mark.process
+@pytest.mark.redis
+@pytest.mark.timeout(120)
+def test_a_delivery_stored_plain_opens_after_encryption_is_turned_on(
+    tmp_path: Path, upstream: Process, redis_server: RedisServer
+) -> None:
+    """Deliveries parked (their one attempt answered 503) by a gateway without
+    store.encryption_key; the gateway restarted with one (no read_unencrypted), so their
+    stored requests cannot be opened; one of them also had its history changed in
+    Redis into something that is not JSON. The API, the console's key page and `keys
+    show` open both keys (200): the request shown as unreadable, why in the gateway's
+    words, the damaged history as an event that says so. The operator claims and
+    resolves them: a retry is never sent (parked again: the request is unreadable),
+    done completes it. A caller's repeat is told, in the gateway's words, that its
+    status URL cannot be given (its token is stored plain too)."""
+    prefix = unique("enc") + ":"
+    plain, damaged = unique("enc-plain"), unique("enc-damaged")
+    first = gateway_config(tmp_path, upstream, redis_server.url, prefix, "")
+    process, proxy, admin = start_gateway(first)
+    try:
+        for key in (plain, damaged):
+            answer = httpx.post(
+                f"{proxy}/jobs/deliver?status=503", content=b"{}", headers={"X-Job-Key": key}
+            )
+            assert answer.status_code == 202, answer.text
+            deadline = time.monotonic() + 10
+            while httpx.get(proxy + answer.headers["location"]).json()["state"] != "parked":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+    finally:
+        process.stop()
+    raw = redis.Redis(port=redis_server.port)
+    try:
+        digest = record_digest("deliver", "", damaged)
+        name = f"{prefix}{{{int(digest[:4], 16) % BUCKETS:02x}}}:{digest}"
+        assert raw.hset(name, "h", b'[{"at_ms": "not a time"') == 0
+    finally:
+        raw.close()
+    process, proxy, admin = start_gateway(
+        gateway_config(tmp_path, upstream, redis_server.url, prefix, K1)
+    )
+    auth = {"Authorization": f"Bearer {OPERATOR}"}
+    try:
+        with httpx.Client(base_url=admin, headers=auth, timeout=10) as api:
+            shown = {key: api.get(f"/admin/keys/deliver/{key}") for key in (plain, damaged)}
+            for key, answer in shown.items():
+                assert answer.status_code == 200, (key, answer.status_code, answer.text)
+                request = answer.json()["request"]
+                assert list(request) == ["unreadable"], request
+                assert (
+                    "stored unencrypted while store.encryption_key is set"
+                    in (request["unreadable"])
+                ), request
+            history = shown[damaged].json()["history"]
+            assert sorted(e["event"] for e in history) == ["accepted", "unreadable"], history
+            [unreadable] = [e for e in history if e["event"] == "unreadable"]
+            assert "history is damaged" in unreadable["reason"], unreadable
+            with httpx.Client(base_url=admin, headers={"Origin": admin}, timeout=10) as console:
+                signed = console.post("/console/signin", data={"token": OPERATOR})
+                assert signed.status_code == 303, signed.text
+                pages = [
+                    console.get("/console/key", params={"route": "deliver", "key": key})
+                    for key in (plain, damaged)
+                ]
+            for page in pages:
+                assert page.status_code == 200, page.text
+                assert "Cannot be read: it is stored unencrypted" in page.text, page.text
+            assert "History unreadable: the stored history is damaged" in pages[1].text
+            for key in (plain, damaged):
+                result = keys_show(admin, key)
+                assert result.returncode == 0, result.stderr
+                out = result.stdout.decode()
+                assert "request:  unreadable: it is stored unencrypted" in out, out
+            repeat = httpx.post(
+                f"{proxy}/jobs/deliver?status=503", content=b"{}", headers={"X-Job-Key": damaged}
+            )
+            # Its status URL's token is stored plain too: no 202 can name it. Said so.
+            assert repeat.status_code == 500, repeat.text
+            assert repeat.headers["content-type"] == "application/problem+json"
+            assert "cannot give its status URL" in repeat.json()["detail"], repeat.text
+            # Claimed and resolved: a retry is never sent, done completes it.
+            for key in (plain, damaged):
+                claim = api.post(f"/admin/keys/deliver/{key}/claim", json={})
+                assert claim.status_code == 200, claim.text
+                retry = api.post(f"/admin/keys/deliver/{key}/resolve", json={"outcome": "retry"})
+                assert retry.status_code == 200, retry.text
+            deadline = time.monotonic() + 10
+            for key in (plain, damaged):
+                while (doc := api.get(f"/admin/keys/deliver/{key}").json())["state"] != "parked":
+                    assert time.monotonic() < deadline, doc
+                    time.sleep(0.05)
+                assert "stored request unreadable" in doc["reason"], doc
+                assert api.post(f"/admin/keys/deliver/{key}/claim", json={}).status_code == 200
+                done = api.post(
+                    f"/admin/keys/deliver/{key}/resolve",
+                    json={"outcome": "done", "note": "sent by hand"},
+                )
+                assert done.status_code == 200 and done.json()["state"] == "completed", done.text
+    finally:
+        process.stop()
+    for key in (plain, damaged):
+        assert upstream_count_now(upstream, key) == 1, key
+
+
+def upstream_count_now(upstream: Process, key: str) -> int:
+    answer = httpx.get(f"{upstream.url}/_count", params={"key": key}, timeout=10)
+    return int(answer.json()["count"])

@@ -398,6 +398,7 @@ async def test_gateway_sigkill_at_each_point_of_a_request(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 async def test_gateway_sigkill_at_random_points_of_a_storm(
     tmp_path: Path, upstream: Process, redis: RedisServer, ledger: Ledger
 ) -> None:
@@ -628,3 +629,50 @@ def _state(setup: Setup, key: str, state: State) -> Callable[[], Awaitable[bool]
         return record is not None and record.state is state
 
     return check
+
+
+async def test_claims_redis_runs_after_the_gateway_gave_up_are_released(
+    tmp_path: Path, upstream: Process, redis: RedisServer
+) -> None:
+    """Claims written to Redis's socket while it is stopped time out (503, nothing
+    sent); Redis runs them when it resumes, under run ids nobody forwards on. The
+    gateway releases what they took, so a retry runs each job at once (not after the
+    lease, and never through an unknown outcome), and each job runs once."""
+    setup = make_setup(tmp_path, upstream, redis)
+    setup.gateway()
+    keys = [unique("late") for _ in range(6)]
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{setup.port}") as client:
+        warm = await client.post("/jobs/charge", json={"job_key": unique("warm")}, timeout=10)
+        assert warm.status_code == 200, warm.text
+        redis.signal(signal.SIGSTOP)
+        try:
+            answers = await finish(
+                [
+                    asyncio.create_task(
+                        client.post("/jobs/charge", json={"job_key": key}, timeout=30)
+                    )
+                    for _ in range(3)
+                    for key in keys
+                ]
+            )
+        finally:
+            redis.signal(signal.SIGCONT)
+        assert [a.status_code for a in answers] == [503] * len(answers)
+        for key in keys:
+            assert await upstream_count(upstream, key) == 0
+
+        async def retry(key: str) -> tuple[int, float]:
+            started = time.monotonic()
+            response = await client.post("/jobs/charge", json={"job_key": key}, timeout=30)
+            return response.status_code, time.monotonic() - started
+
+        # The lease is 6.2 s: a retry that waited for it (or for a check of the
+        # upstream) would take far longer than the store's few timeouts.
+        retries = await asyncio.gather(*(retry(key) for key in keys))
+        assert all(status == 200 for status, _ in retries), retries
+        assert max(took for _, took in retries) < 3, retries
+    for key in keys:
+        assert await upstream_count(upstream, key) == 1
+        record = await setup.record("charge", key)
+        assert record is not None and record.state is State.COMPLETED, record
+        assert not [e for e in record.history if e.get("reason") == "lease_expired"], record

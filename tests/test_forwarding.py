@@ -5,7 +5,7 @@ Unit tests hold `forwarded_headers` to its rule: only an immediate peer in
 `server.trusted_proxies` may extend the X-Forwarded-For chain or state the scheme and
 host; from any other peer those claims are replaced by what the gateway saw. The
 process-level tests send raw requests over real sockets to real gateways (uvicorn +
-gateway/listener.py) and read what the echo upstream received, line by line.
+gateway/http/protocol.py) and read what the echo upstream received, line by line.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ import httpx
 import pytest
 import yaml
 
-from gateway.forwarding import TrustedProxies, forwarded_headers, valid_host
+from gateway.admin.listener import admin_protocol
+from gateway.config import ServerConfig
+from gateway.headers import TrustedProxies, forwarded_headers, valid_host
+from gateway.http.protocol import protocol_for
 from gateway.serve import uvicorn_server
 from tests.conftest import unique
 from tests.support.ledger import Ledger
@@ -253,8 +256,8 @@ def test_neither_listener_takes_proxy_headers_from_uvicorn() -> None:
     """uvicorn's proxy-headers middleware would let any loopback caller set the client
     address and scheme (FORWARDED_ALLOW_IPS defaults to 127.0.0.1): both listeners
     are built by uvicorn_server, and it turns that off."""
-    for listen in ("127.0.0.1:1", "127.0.0.1:2"):
-        server = uvicorn_server(object(), listen)
+    for protocol in (protocol_for(ServerConfig), admin_protocol(ServerConfig)):
+        server = uvicorn_server(object(), "127.0.0.1:1", protocol)
         assert server.config.proxy_headers is False
 
 

@@ -3,7 +3,7 @@ never a crash, never a wrong replay, and never reaches the upstream as a request
 caller did not send.
 
 Where the HTTP framing itself is the input, the requests go over raw sockets to a real
-`python -m gateway run` process (uvicorn + httptools + gateway/listener.py). Where the
+`python -m gateway run` process (uvicorn + httptools + gateway/http/protocol.py). Where the
 input is about keys (every key source kind, JSON bodies, namespaces), the gateway runs
 in-process on a real store with a real upstream.
 """
@@ -15,20 +15,22 @@ import json
 import re
 import select
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import pytest
 import yaml
 
-from gateway.app import Gateway
+from gateway.assembly import Gateway
 from gateway.config import StoreConfig, parse_config
 from gateway.errors import ConfigError
+from gateway.keying import key_header_value
 from gateway.logs import AccessWriter, Trace
 from gateway.store.redis import RedisStore
 from tests.conftest import GatewayClient, config_for, unique, upstream_count
@@ -36,6 +38,7 @@ from tests.support.ledger import Ledger
 from tests.support.rawhttp import RawResponse, connect, exchange, read_response
 from tests.support.rawhttp import request as http_request
 from tests.support.servers import Process, RedisServer, free_port, gateway_process
+from tests.support.topologies import redis_cli
 
 PROBLEMS = "https://idempotency-gateway.dev/problems/"
 HEAD_LIMIT = 16 * 1024  # server.max_header_bytes, the default
@@ -95,6 +98,13 @@ def raw_gateway(
                 **common,
             },
             {"name": "open", "match": {"path": "/open/{rest:path}"}, **common},
+            {
+                "name": "bodykey",
+                "match": {"path": "/b/{name}"},
+                "key": {"body": "job_key"},
+                "upstream": upstream.url,
+                "max_request_body": "2MiB",
+            },
         ],
     }
     path = tmp_path_factory.mktemp("hostile") / "gateway.yaml"
@@ -273,6 +283,41 @@ def test_truncated_body_is_never_forwarded(raw_gateway: RawGateway, ledger: Ledg
     )
     assert counts == [0, 0]
     raw_gateway.alive()
+
+
+def test_a_body_built_to_parse_slowly_is_answered_while_others_are(
+    raw_gateway: RawGateway, ledger: Ledger
+) -> None:
+    """A key read from a JSON body: 65 brackets (past the depth check's threshold),
+    then a string of escaped quotes that never closes, 1 MiB of it, sent four times
+    over. A quadratic parse held the event loop about an hour per body; a linear one
+    answers each 400 at once. Requests sent meanwhile are answered as usual (how the
+    parse's time grows with the body: tests/test_keys.py)."""
+    attack = b"[" * 65 + b'"' + b'\\"' * (512 * 1024)
+    data = http_request("POST", "/b/x", [("Content-Type", "application/json")], attack)
+    answers: list[RawResponse] = []
+
+    def attacker() -> None:
+        for _ in range(4):
+            answers.append(exchange(raw_gateway.port, data, timeout=60))
+
+    thread = threading.Thread(target=attacker, daemon=True)
+    thread.start()
+    served = 0
+    while thread.is_alive() or served < 3:
+        raw_gateway.alive()  # a keyed request and its replay, each within 10 s
+        served += 1
+    thread.join()
+    ledger.record(
+        "hostile input",
+        "a body built to parse slowly (1 MiB of escaped quotes)",
+        requests=len(answers) + 2 * served,
+        bad_inputs=len(answers),
+        detail=f"{len(answers)} answered 400; {served} keyed requests served meanwhile",
+    )
+    assert [a.status for a in answers] == [400] * 4, answers
+    assert all(a.problem()["type"] == PROBLEMS + "bad-request" for a in answers)
+    raw_gateway.output_is_clean()
 
 
 # --- sizes ---------------------------------------------------------------------------
@@ -909,9 +954,8 @@ async def test_escaping_keys_stay_in_their_namespace_on_redis(
     finally:
         await client.http.aclose()
         await gateway.close()
-    runs = {
-        k: await upstream_count(upstream, quote(k, safe="") if not k.isascii() else k) for k in keys
-    }
+    # The upstream counts by the Idempotency-Key it got: the key's spelling on the wire.
+    runs = {k: await upstream_count(upstream, key_header_value(k)) for k in keys}
     records = [
         n for n in names if re.fullmatch(re.escape(prefix) + r"\{[0-9a-f]{2}\}:[0-9a-f]{32}", n)
     ]
@@ -942,7 +986,7 @@ async def test_escaping_keys_stay_in_their_namespace_on_redis(
 
 def test_expect_continue_and_head_answers_are_not_held(raw_gateway: RawGateway) -> None:
     """The listener holds a response's head until its body, to send both in one write
-    (gateway/listener.py). A 100 Continue must still go out at once, and a HEAD answer,
+    (gateway/http/protocol.py). A 100 Continue must still go out at once, and a HEAD answer,
     which has no body, must not wait for one."""
     key = unique("continue")
     head = http_request("POST", "/jobs/x", [("Idempotency-Key", key), ("Expect", "100-continue")])
@@ -1019,3 +1063,58 @@ def test_hash_key_with_a_max_length_it_cannot_meet_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"routes\[0\]\.key\.max_length: a hash key is 71"):
         parse_config({"routes": [{**route, "key": {"hash": ["body"], "max_length": 70}}]}, "t.yaml")
     parse_config({"routes": [{**route, "key": {"hash": ["body"], "max_length": 71}}]}, "t.yaml")
+
+
+@pytest.mark.redis
+def test_an_unexpected_error_is_a_problem_answer_and_a_logged_cause(
+    redis_server: RedisServer, upstream: Process, tmp_path: Path
+) -> None:
+    """A record the gateway cannot read as one of its own, as a newer gateway sharing
+    the store could write (a state this version does not know): reading it fails in a
+    way no refusal foresees. The caller gets problem+json `internal-error` (no
+    traceback, no exception text), the log names the cause with its traceback, the
+    job does not run again, and the process serves on."""
+    port, prefix, key = free_port(), unique("t") + ":", unique("newer")
+    config = {
+        "server": {"listen": f"127.0.0.1:{port}"},
+        "admin": {"listen": f"127.0.0.1:{free_port()}"},
+        "store": {"url": redis_server.url, "prefix": prefix},
+        "routes": [
+            {
+                "name": "keyed",
+                "match": {"path": "/jobs/{name}"},
+                "key": {"header": "Idempotency-Key"},
+                "upstream": upstream.url,
+            }
+        ],
+    }
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    process = gateway_process(path, port).start()
+    data = http_request("POST", "/jobs/x", [("Idempotency-Key", key)], b"{}")
+    try:
+        assert exchange(port, data).status == 200
+        (record,) = [
+            name
+            for name in redis_cli(redis_server.port, "--scan", "--pattern", f"{prefix}*").split()
+            if redis_cli(redis_server.port, "hget", name, "s") == "completed"
+        ]
+        redis_cli(redis_server.port, "hset", record, "s", "superseded")
+        answer = exchange(port, data)
+        other = exchange(port, http_request("POST", "/jobs/x", [("Idempotency-Key", key + "2")]))
+    finally:
+        assert process.stop() == 0, process.output()[-3000:]
+    assert answer.status == 500, answer
+    doc = answer.problem()
+    assert doc["type"] == PROBLEMS + "internal-error", doc
+    assert doc["route"] == "keyed" and "superseded" not in answer.body.decode(), doc
+    assert "Traceback" not in answer.body.decode() and "ValueError" not in answer.body.decode()
+    out = process.output()
+    assert "Traceback" in out and "ValueError" in out and "superseded" in out, out[-3000:]
+    assert upstream_count_sync(upstream, key) == 1
+    assert other.status == 200, other
+
+
+def upstream_count_sync(upstream: Process, key: str) -> int:
+    response = httpx.get(f"{upstream.url}/_count", params={"key": key}, timeout=10)
+    return int(response.json()["count"])

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from gateway.config import KeySource, KeySpec, Period
 from gateway.config.templates import compile_template
 from gateway.errors import BadRequest
-from gateway.keys import (
+from gateway.keying import (
     MAX_JSON_DEPTH,
     RequestParts,
     extract_key,
@@ -20,6 +20,7 @@ from gateway.keys import (
     scope_value,
     window_start,
 )
+from tests.support.growth import assert_linear
 from tests.support.request_parts import req
 
 NOW = datetime(2026, 11, 1, 12, 7, 30, tzinfo=UTC)
@@ -165,6 +166,20 @@ def test_bad_json_bodies_are_refused(payload: bytes, message: str) -> None:
         key(body("id"), req(body=payload))
 
 
+def test_a_number_too_long_to_read_is_refused_in_words() -> None:
+    """A JSON number of more digits than the gateway reads is refused saying so, never
+    with Python's own advice (`sys.set_int_max_str_digits()`); one of 4,300 digits is
+    read, as any valid number."""
+    long = b"7" * 5000
+    for payload in (b'{"id": ' + long + b"}", b'{"id": "a", "n": -' + long + b"}"):
+        with pytest.raises(BadRequest) as refused:
+            key(body("id"), req(body=payload))
+        detail = str(refused.value.detail)
+        assert "5000 digits" in detail and "4300" in detail, detail
+        assert "sys." not in detail and "int_max_str_digits" not in detail, detail
+    assert key(body("id"), req(body=b'{"id": "a", "n": ' + b"7" * 4300 + b"}")) == "a"
+
+
 def nested(depth: int) -> bytes:
     return (b'{"a":' * (depth - 1)) + b'{"id": "deep"}' + b"}" * (depth - 1)
 
@@ -179,6 +194,35 @@ def test_json_depth_limit() -> None:
 def test_hostile_depth_is_a_bad_request_not_a_crash() -> None:
     with pytest.raises(BadRequest, match="deeper"):
         key(body("id"), req(body=b"[" * 200_000 + b"]" * 200_000))
+
+
+#: Bodies past the depth check's threshold (more than MAX_JSON_DEPTH brackets) that
+#: a backtracking string pattern reads in quadratic time, by the count `n` of their
+#: repeated part: the attack (an unterminated string of escaped quotes), the same
+#: ending in a lone backslash, strings that never close, closed strings, and brackets.
+HOSTILE_BODIES = {
+    "escaped-quotes": lambda n: b"[" * 65 + b'"' + b'\\"' * n,
+    "escaped-quotes-then-backslash": lambda n: b"[" * 65 + b'"' + b'\\"' * n + b"\\",
+    "quote-backslash": lambda n: b"[" * 65 + b'"\\' * n,
+    "closed-strings": lambda n: b"[" * 65 + b'"a\\"b",' * n,
+    "brackets-in-strings": lambda n: b'{"id": "x", "s": [' + b'"[{",' * n + b'"\\"]}',
+    "shallow-brackets": lambda n: b"[" + b"[]," * n + b"[]]",
+}
+
+
+@pytest.mark.parametrize("shape", list(HOSTILE_BODIES))
+def test_no_body_takes_more_than_linear_time_to_parse(shape: str) -> None:
+    """Reading a key from a body (its depth check, then the parse) takes time in
+    proportion to the body, whatever it holds: 8x the body, about 8x the time. A
+    quadratic parse held the event loop 20 s for 80 KB of escaped quotes."""
+
+    def parse(payload: bytes) -> None:
+        try:
+            req(body=payload).json_body()
+        except BadRequest:
+            pass  # most of them are no JSON: refused, which is the point
+
+    assert_linear(parse, HOSTILE_BODIES[shape], 1000)
 
 
 def test_brackets_inside_strings_do_not_count_as_depth() -> None:

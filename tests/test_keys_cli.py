@@ -6,14 +6,17 @@ with an operator's own token from the environment."""
 
 from __future__ import annotations
 
+import http.server
 import itertools
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,6 +25,7 @@ import yaml
 
 from gateway import cli
 from tests.conftest import unique
+from tests.support.nginx import access_lines, nginx_front
 from tests.support.servers import ROOT, Process, free_port, gateway_process, wait_for_port
 
 pytestmark = pytest.mark.process
@@ -43,8 +47,8 @@ class Admin:
         self.proxy = proxy
         self.process = process
 
-    def parked_key(self) -> str:
-        key = unique("charge")
+    def parked_key(self, key: str = "") -> str:
+        key = key or unique("charge")
         with httpx.Client(base_url=self.proxy, timeout=10) as client:
             answer = client.post("/jobs/charge", json={"job_key": key}, params={"sleep": "0.4"})
         assert answer.status_code == 504, answer.text
@@ -330,6 +334,26 @@ def test_list_filters_by_state_route_and_age(admin: Admin, as_: As) -> None:
     assert code == 1 and "error 400: A listing filter is not valid" in err
 
 
+@pytest.mark.usefixtures("dead_default")
+def test_list_shows_a_page_and_walks_on_with_cursor_or_all(admin: Admin, as_: As) -> None:
+    mine = {admin.parked_key() for _ in range(3)}
+    code, out, _ = as_("vera", "list", "--state", "parked", "--limit", "1")
+    assert code == 0 and "1 key(s); more after these: --cursor " in out
+    cursor = out.rsplit("--cursor ", 1)[1].split()[0]
+    page = as_.json("vera", "list", "--state", "parked", "--limit", "1", "--cursor", cursor)
+    assert page["count"] == 1 and page["prev_cursor"]
+    walked = as_.json("vera", "list", "--state", "parked", "--limit", "1", "--all")
+    keys = [k["key"] for k in walked["keys"]]
+    assert mine <= set(keys) and len(keys) == len(set(keys)) == walked["count"]
+    assert walked["next_cursor"] is None
+    whole = as_.json("vera", "list", "--state", "parked")
+    assert [k["key"] for k in whole["keys"]] == keys  # the same order, page by page
+    code, _, err = as_("vera", "list", "--limit", "0")
+    assert code == 1 and "limit is a whole number of rows from 1 to 1000" in err
+    code, _, err = as_("vera", "list", "--cursor", "made-up")
+    assert code == 1 and "The cursor is not one a listing gave" in err
+
+
 def test_claim_take_over_and_resolve_with_ones_own_name(admin: Admin, as_: As) -> None:
     """The console's handoff, from the terminal: each operator's own name recorded,
     the takeover named and forced, the refusals in words, the note and response kept."""
@@ -415,3 +439,202 @@ def test_the_shared_token_records_the_name_given_marked(
     assert (
         capsys.readouterr().out.strip() == "(the shared token: no name): operator, via shared token"
     )
+
+
+def test_a_key_that_would_change_the_path_addresses_only_itself(
+    admin: Admin,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A caller's key is written in the query, every character encoded. Through a
+    stock nginx in front of the admin listener (proxy_pass with a path: it decodes %2F
+    and resolves `..` in the path), `keys claim charge x/../../charge/VICTIM` asks for
+    the key named so, which does not exist (404): VICTIM stays parked and unclaimed."""
+    victim = admin.parked_key()
+    locations = f"    location / {{ proxy_pass {admin.url}/; }}\n"
+    monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", TOKEN)
+    monkeypatch.delenv("GATEWAY_OPERATOR_TOKEN", raising=False)
+    with nginx_front(tmp_path, locations) as nginx:
+        for hostile in (f"x/../../{ROUTE}/{victim}", f"../{ROUTE}/{victim}", "%2E%2E"):
+            argv = ["keys", "--admin-url", nginx.url, "claim", ROUTE, hostile, "--operator", "eve"]
+            code = cli.main(argv)
+            err = capsys.readouterr().err
+            assert code == 1 and err.startswith("error 404"), err
+        sent = access_lines(nginx)
+        deadline = time.monotonic() + 5
+        while len(sent) < 3 and time.monotonic() < deadline:  # nginx writes its log after
+            time.sleep(0.05)  # the answer: the last line may come a moment later
+            sent = access_lines(nginx)
+        assert len(sent) == 3 and all("/admin/key/claim?route=" in line for line in sent), sent
+    with httpx.Client(base_url=admin.url, headers={"authorization": f"Bearer {TOKEN}"}) as client:
+        doc = client.get(f"/admin/keys/{ROUTE}/{victim}").json()
+    assert doc["state"] == "parked" and not doc.get("holder"), doc
+
+
+#: Keys holding what a URL gives meaning to: separators, dot segments, the query's
+#: and fragment's marks, escapes, and what looks like another key's path.
+URL_SHAPED_KEYS = ["a/b", "..", ".", "a?b=c", "a#b", "50%", "%2F", "%2e%2E", "x/../../y", "a;b"]
+
+
+@pytest.mark.parametrize("shape", URL_SHAPED_KEYS)
+def test_show_resolve_and_release_a_key_shaped_like_a_url(
+    admin: Admin, as_: As, tmp_path: Path, shape: str
+) -> None:
+    """Each key is shown, claimed, resolved done and released as itself, straight to
+    the admin listener and through nginx, and each action names it exactly."""
+    key = admin.parked_key(shape + unique("-"))
+    shown = as_.json("vera", "show", ROUTE, key)
+    assert (shown["key"], shown["state"]) == (key, "parked")
+    assert as_.json("alice", "claim", ROUTE, key)["key"] == key
+    released = as_.json("alice", "resolve", ROUTE, key, "retry", "--note", "back")
+    assert (released["key"], released["state"]) == (key, "released")
+    other = admin.parked_key(shape + unique("-"))
+    locations = f"    location / {{ proxy_pass {admin.url}/; }}\n"
+    with nginx_front(tmp_path, locations) as nginx:
+        through = ["--admin-url", nginx.url]
+        assert as_.json("bob", "show", ROUTE, other, *through)["key"] == other
+        done = as_.json("bob", "retry", ROUTE, other, *through)
+        assert (done["key"], done["state"]) == (other, "released")
+
+
+# -- bad input, from a terminal or an answer: one line, never a traceback ---------------
+
+
+def typed(argv: list[str | bytes], token: bytes = TOKEN.encode()) -> tuple[int, str, str]:
+    """`python -m gateway keys ...` as a process, with argv and the token as bytes a
+    terminal or an environment may hold. Nothing listens at the default admin URL."""
+    env = {k: v for k, v in os.environb.items() if not k.startswith(b"GATEWAY_")}
+    env[b"GATEWAY_ADMIN_TOKEN"] = token
+    env[b"GATEWAY_ADMIN_URL"] = f"http://127.0.0.1:{free_port()}".encode()
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "keys", *argv],
+        capture_output=True,
+        cwd=ROOT,
+        env=env,
+        timeout=30,
+    )
+    return result.returncode, result.stdout.decode(errors="replace"), result.stderr.decode()
+
+
+def assert_one_line_error(code: int, out: str, err: str, expected: int, *words: str) -> None:
+    assert (code, out) == (expected, ""), (code, out, err)
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for word in ("Traceback", "sys.", "int_max_str_digits", "Exception"):
+        assert word not in err, err
+    for word in words:
+        assert word in err, (word, err)
+
+
+#: (what, argv, token, words of the error): input refused before anything is sent.
+REFUSED_INPUT: list[tuple[str, list[str | bytes], bytes, tuple[str, ...]]] = [
+    ("key-not-utf8", ["show", ROUTE, b"k\xff"], TOKEN.encode(), ("key", "UTF-8")),
+    ("route-not-utf8", ["list", "--route", b"r\xfe"], TOKEN.encode(), ("--route", "UTF-8")),
+    (
+        "digest-not-utf8",
+        ["claim", ROUTE, "k", "--digest", b"\xff", "--operator", "x"],
+        TOKEN.encode(),
+        ("--digest", "UTF-8"),
+    ),
+    (
+        "note-not-utf8",
+        ["resolve", ROUTE, "k", "done", "--operator", "x", "--note", b"\xc3"],
+        TOKEN.encode(),
+        ("--note", "UTF-8"),
+    ),
+    ("token-line-break", ["whoami"], b"cli-admin\ntoken", ("GATEWAY_ADMIN_TOKEN", "LINE FEED")),
+    ("token-euro", ["whoami"], "cli-\u20ac-token".encode(), ("GATEWAY_ADMIN_TOKEN", "EURO")),
+    ("token-not-utf8", ["whoami"], b"cli-\xff-token", ("GATEWAY_ADMIN_TOKEN", "UTF-8")),
+    (
+        "response-long-number",
+        [
+            "resolve",
+            ROUTE,
+            "k",
+            "done",
+            "--operator",
+            "x",
+            "--response",
+            '{"status": 1%s}' % ("0" * 5000),
+        ],
+        TOKEN.encode(),
+        ("--response", "5001 digits"),
+    ),
+    (
+        "response-infinite",
+        ["resolve", ROUTE, "k", "done", "--operator", "x", "--response", '{"status": 1e999}'],
+        TOKEN.encode(),
+        ("--response", "too large"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "token", "words"),
+    [case[1:] for case in REFUSED_INPUT],
+    ids=[case[0] for case in REFUSED_INPUT],
+)
+def test_bad_input_is_one_line_and_nothing_is_sent(
+    argv: list[str | bytes], token: bytes, words: tuple[str, ...]
+) -> None:
+    """Bytes that are not UTF-8 in an argument (a terminal's), a token no HTTP header
+    can carry, a number no JSON reader should take: `error: ...`, one line, exit 2,
+    before anything is sent (nothing listens at the admin URL: a request would say
+    it cannot reach it)."""
+    assert_one_line_error(*typed(argv, token), 2, *words)
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """An HTTP server that is not the admin listener: every request gets 200 and the
+    class's `body`."""
+
+    body = b""
+    status = 200
+
+    def do_GET(self) -> None:
+        self.send_response(self.status)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    do_POST = do_GET
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"<html>a login page</html>", b"[]", b"{}", b'{"keys": 1, "count": 1}', b"7"],
+    ids=["html", "list", "empty", "other-shape", "number"],
+)
+@pytest.mark.parametrize(
+    "action",
+    [["overview"], ["list"], ["whoami"], ["show", ROUTE, "k"], ["claim", ROUTE, "k"]],
+    ids=["overview", "list", "whoami", "show", "claim"],
+)
+def test_an_answer_that_is_not_the_apis_is_one_line(body: bytes, action: list[str]) -> None:
+    """--admin-url names something that answers 200 but is not the operator API (a
+    login page, a proxy's placeholder, JSON of another shape): one line that says so,
+    exit 1, as for an admin listener that cannot be reached."""
+    assert_one_line_error(*answered_by(body, 200, action), 1, "not the operator API")
+
+
+def answered_by(body: bytes, status: int, action: list[str]) -> tuple[int, str, str]:
+    """`keys ACTION` against a server that answers every request `status` and `body`."""
+    handler = type("Answers", (_Answers,), {"body": body, "status": status})
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}"
+            return typed([*action, "--admin-url", url])
+        finally:
+            server.shutdown()
+
+
+def test_a_refusal_of_another_shape_is_one_line() -> None:
+    """A 409 that says held-by-another-operator without naming the holder: one line."""
+    body = b'{"type": "https://x/held-by-another-operator", "title": "held"}'
+    assert_one_line_error(*answered_by(body, 409, ["claim", ROUTE, "k"]), 1, "not the operator API")

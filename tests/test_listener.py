@@ -1,4 +1,4 @@
-"""The proxy listener (gateway/listener.py) against callers that misbehave, on purpose
+"""The proxy listener (gateway/http/protocol.py) against callers that misbehave, on purpose
 or by bad timing: trailers posing as headers, slow heads and bodies, more connections
 than the cap, Expect: 100-continue, a malformed request pipelined after a good one,
 Date headers, and the keep-alive race.
@@ -27,9 +27,10 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import ServerConfig
-from gateway.listener import GatewayHttpProtocol
+from gateway.http.protocol import GatewayHttpProtocol, protocol_for
 from gateway.serve import uvicorn_server
 from tests.conftest import unique
 from tests.support.loops import anyio_backend  # noqa: F401  (uvloop and asyncio)
@@ -37,6 +38,7 @@ from tests.support.raw_upstream import raw_upstream_server
 from tests.support.rawhttp import connect
 from tests.support.rawhttp import request as http_request
 from tests.support.servers import Process, free_port, gateway_process
+from tests.support.warm_pool import WarmPool
 
 pytestmark = pytest.mark.process
 
@@ -47,6 +49,44 @@ PATIENCE = 15.0
 
 
 # --- reading answers -------------------------------------------------------------------
+
+
+#: The methods of uvicorn's HttpToolsProtocol that GatewayHttpProtocol overrides. An
+#: override of a method uvicorn renamed or dropped is dead code that nothing calls, and
+#: the listener's guard it held is gone without an error: pyproject.toml pins uvicorn
+#: to the range tested, and this list is checked against the installed uvicorn.
+OVERRIDDEN = (
+    "__init__",
+    "_unset_keepalive_if_required",
+    "connection_lost",
+    "connection_made",
+    "data_received",
+    "on_body",
+    "on_header",
+    "on_headers_complete",
+    "on_message_begin",
+    "on_message_complete",
+    "on_response_complete",
+    "on_url",
+    "pause_writing",
+    "resume_writing",
+    "send_400_response",
+    "shutdown",
+    "timeout_keep_alive_handler",
+)
+
+
+def test_every_uvicorn_method_the_listener_overrides_still_exists_with_its_parameters() -> None:
+    import inspect
+
+    for name in OVERRIDDEN:
+        assert name in vars(HttpToolsProtocol), f"uvicorn's HttpToolsProtocol has no {name}"
+        ours = list(inspect.signature(getattr(GatewayHttpProtocol, name)).parameters)
+        theirs = list(inspect.signature(getattr(HttpToolsProtocol, name)).parameters)
+        assert ours == theirs, f"{name}: uvicorn's takes {theirs}, the listener's {ours}"
+    # and the list is whole: every method the listener defines that uvicorn's has
+    defined = {n for n, v in vars(GatewayHttpProtocol).items() if inspect.isfunction(v)}
+    assert defined & set(vars(HttpToolsProtocol)) == set(OVERRIDDEN)
 
 
 @dataclass
@@ -306,12 +346,62 @@ def test_trailer_section_is_bounded_like_a_head(quick: Gateway) -> None:
 # --- 3. slow callers --------------------------------------------------------------------
 
 
-def test_connection_that_never_sends_gets_408(quick: Gateway) -> None:
+def test_connection_that_never_sends_is_closed_quietly(quick: Gateway) -> None:
+    """No byte of a request came: server.header_timeout ends the connection with a
+    clean end of stream and no answer (nothing was refused)."""
     with connect(quick.port) as sock:
+        opened = time.monotonic()
+        stream = read_answers(sock, until_close=True)
+        waited = time.monotonic() - opened
+    assert stream.closed and not stream.reset, stream
+    assert not stream.answers and not stream.rest, stream
+    assert 0.9 < waited < PATIENCE, waited  # at header_timeout (1 s), not at once
+
+
+def test_spare_connections_past_the_head_deadline_never_read_a_408(quick: Gateway) -> None:
+    """Connections opened ahead of their first request (a pool's spares, a browser's
+    preconnect, a load balancer's warm pool) and idle past server.header_timeout: a
+    request written on one later reads a closed connection, never an answer to a
+    request it had not sent."""
+    keys = [unique("spare") for _ in range(5)]
+    socks = [connect(quick.port) for _ in keys]
+    try:
+        time.sleep(1.5)  # over header_timeout (1 s)
+        for sock, key in zip(socks, keys, strict=True):
+            try:
+                sock.sendall(_keyed(key))
+            except OSError:
+                pass  # already reset: no answer either
+        streams = [read_answers(sock, until_close=True) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+    assert all(s.closed and not s.answers and not s.rest for s in streams), streams
+    assert [quick.count(key) for key in keys] == [0] * len(keys)
+
+
+@pytest.mark.parametrize("begun", [b"P", b"\r\nPOST /jobs/x HTTP/1.1\r\nHost: x\r\n"])
+def test_a_head_begun_and_left_unfinished_gets_408(quick: Gateway, begun: bytes) -> None:
+    """One byte of a request is enough: a head that began and did not finish within
+    server.header_timeout is answered 408 (the caller did send something)."""
+    with connect(quick.port) as sock:
+        sock.sendall(begun)
         stream = read_answers(sock, until_close=True)
     assert [a.status for a in stream.answers] == [408], stream
     assert stream.answers[0].problem() == "request-timeout"
     assert stream.closed and not stream.reset
+
+
+def test_empty_lines_before_a_request_are_no_request(quick: Gateway) -> None:
+    """CRLFs before a request line are not part of a request (RFC 9112 2.2: a server
+    ignores them): a kept-alive connection that got only those is closed quietly."""
+    with connect(quick.port) as sock:
+        sock.sendall(_keyed(unique("first")))
+        first = read_answers(sock)
+        sock.sendall(b"\r\n")
+        stream = read_answers(sock, until_close=True)
+    assert [a.status for a in first.answers] == [200], first
+    assert stream.closed and not stream.answers and not stream.rest, stream
 
 
 def test_trickled_head_is_cut_at_the_head_deadline(quick: Gateway) -> None:
@@ -361,6 +451,43 @@ def test_slow_body_that_keeps_coming_is_read(quick: Gateway) -> None:
     assert stream.answers[0].json()["body"] == body.decode()
 
 
+async def _outcome(client: httpx.AsyncClient, key: str) -> int | str:
+    """The status httpx read, or "closed" when the server ended the connection
+    without answering (httpx reports that; a client may retry on a new connection)."""
+    try:
+        response = await client.post("/jobs/x", headers={"Idempotency-Key": key}, json={})
+    except httpx.RemoteProtocolError:
+        return "closed"
+    return response.status_code
+
+
+@pytest.mark.anyio
+async def test_a_real_client_never_reads_an_answer_it_did_not_cause(quick: Gateway) -> None:
+    """httpx through a load balancer's warm pool (tests/support/warm_pool.py): its
+    connections to the gateway were opened ahead and sat idle past
+    server.header_timeout. Each request through one reads a closed connection, which
+    httpx reports, and runs nowhere; the next ones, on new connections, are answered.
+    httpx's own kept-alive connections, idle past header_timeout (under keep_alive),
+    carry their next requests as usual."""
+    async with WarmPool(quick.port, spares=6) as pool:
+        await asyncio.sleep(1.5)  # over header_timeout (1 s)
+        limits = httpx.Limits(max_connections=6)
+        async with httpx.AsyncClient(base_url=pool.url, limits=limits, timeout=PATIENCE) as client:
+            spare_keys = [unique("warm") for _ in range(6)]
+            on_spares = await asyncio.gather(*(_outcome(client, k) for k in spare_keys))
+            again = await asyncio.gather(*(_outcome(client, k) for k in spare_keys))
+    url = f"http://127.0.0.1:{quick.port}"
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=PATIENCE) as client:
+        kept_keys = [unique("kept") for _ in range(6)]
+        first = await asyncio.gather(*(_outcome(client, k) for k in kept_keys))
+        await asyncio.sleep(1.5)  # the pool's connections idle over header_timeout
+        later = await asyncio.gather(*(_outcome(client, unique("kept")) for _ in kept_keys))
+    assert on_spares == ["closed"] * 6, on_spares
+    assert again == [200] * 6, again
+    assert [quick.count(k) for k in spare_keys] == [1] * 6  # only the answered ones ran
+    assert first == later == [200] * 6, (first, later)
+
+
 def test_later_request_head_deadline_starts_at_its_first_byte(quick: Gateway) -> None:
     """An idle kept-alive connection is governed by server.keep_alive: a request that
     comes after more than server.header_timeout of quiet is read and answered."""
@@ -375,7 +502,7 @@ def test_later_request_head_deadline_starts_at_its_first_byte(quick: Gateway) ->
 
 def test_reload_applies_to_new_connections(upstream: Process, tmp_path: Path) -> None:
     """The listener reads server.* per connection: after a SIGHUP with a shorter
-    header_timeout, a new connection that sends nothing gets its 408 by it."""
+    header_timeout, a new connection that sends part of a head gets its 408 by it."""
     gateway = _start(upstream, tmp_path, {"header_timeout": "10m"})
     try:
         path = tmp_path / "gateway.yaml"
@@ -385,6 +512,7 @@ def test_reload_applies_to_new_connections(upstream: Process, tmp_path: Path) ->
         gateway.process.signal(signal.SIGHUP)
         gateway.process.wait_for_output("config reloaded")
         with connect(gateway.port) as sock:
+            sock.sendall(b"GET /open/x HTTP/1.1\r\n")
             stream = read_answers(sock, until_close=True)
         assert [a.status for a in stream.answers] == [408], stream
     finally:
@@ -653,6 +781,7 @@ def test_every_answer_has_exactly_one_date(quick: Gateway, dateless: Gateway) ->
     time.sleep(1.1)  # a Date made now would differ from the stored one
     replayed = _one(quick.port, _keyed(key))
     with connect(quick.port) as sock:
+        sock.sendall(b"GET /open/date HTTP/1.1\r\n")
         timed_out = read_answers(sock)
     answers = {
         "forwarded": forwarded,
@@ -716,9 +845,10 @@ class InProcess:
     """The proxy listener with a trivial app on the test's own event loop, so a test
     can reach the protocol of a connection and fire its timers itself."""
 
-    def __init__(self, settings: ServerConfig) -> None:
+    def __init__(self, settings: ServerConfig, app: Any = _hello) -> None:
         self.port = free_port()
-        self.server = uvicorn_server(_hello, f"127.0.0.1:{self.port}", settings=lambda: settings)
+        listen = f"127.0.0.1:{self.port}"
+        self.server = uvicorn_server(app, listen, protocol_for(lambda: settings))
         self.task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> InProcess:
@@ -800,6 +930,62 @@ async def test_keep_alive_expiry_half_closes_and_drains() -> None:
         while not protocol.transport.is_closing():
             assert time.monotonic() < deadline, "the gateway never closed its side"
             await asyncio.sleep(0.02)
+
+
+async def _fails(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    raise LookupError("internal detail 0x5eed")
+
+
+@pytest.mark.anyio
+async def test_an_app_that_fails_before_answering_gets_a_problem_not_a_bare_500(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The listener's last resort: an app that raises before its answer started gets
+    problem+json `internal-error` written for it (not uvicorn's text/plain 500), with
+    none of the exception's text; the log names the cause with its traceback."""
+    async with InProcess(ServerConfig(), app=_fails) as server:
+        with connect(server.port) as sock:
+            stream = await asyncio.to_thread(
+                lambda: (sock.sendall(HELLO), read_answers(sock, until_close=True))[1]
+            )
+    assert [a.status for a in stream.answers] == [500], stream
+    answer = stream.answers[0]
+    assert answer.problem() == "internal-error", answer
+    assert b"0x5eed" not in answer.body and b"LookupError" not in answer.body, answer
+    assert stream.closed
+    (line,) = [r for r in caplog.records if "unexpected error" in r.getMessage()]
+    assert "0x5eed" in line.getMessage() and line.exc_info is not None, line
+
+
+def _answers_with(status: int) -> Any:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        headers = [(b"content-length", b"3")]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"odd"})
+
+    return app
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("status", [599, 600, 999, 99])
+async def test_an_answer_no_status_line_is_written_for_gets_a_problem(
+    status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A code from 100 to 599 is written, its reason phrase empty where HTTP names
+    none (599). Any other is no HTTP status (RFC 9110 15): the app's answer fails
+    before it starts, so the caller gets problem+json `internal-error`, never a
+    connection closed without a byte."""
+    async with InProcess(ServerConfig(), app=_answers_with(status)) as server:
+        with connect(server.port) as sock:
+            stream = await asyncio.to_thread(
+                lambda: (sock.sendall(HELLO), read_answers(sock, until_close=status > 599))[1]
+            )
+    if status == 599:
+        assert [(a.status, a.body) for a in stream.answers] == [(599, b"odd")], stream
+        return
+    assert [a.status for a in stream.answers] == [500], stream
+    assert stream.answers[0].problem() == "internal-error"
+    assert any(f"{status} is no HTTP status" in r.getMessage() for r in caplog.records)
 
 
 class _CountingTransport:

@@ -1,4 +1,4 @@
-"""gateway/operators.py and gateway/config/admin.py: who an operator is.
+"""gateway/operators/identity.py and gateway/config/admin.py: who an operator is.
 
 Named tokens read from the environment or a file, roles, the shared token, and the
 identity header believed from `admin.trusted_proxies` alone: on its own, and in real
@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Iterator
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,9 +34,10 @@ from gateway.errors import (
     OperatorRequired,
     Unauthorized,
 )
-from gateway.operators import Operator, Operators, Role
+from gateway.operators.identity import Operator, Operators, Role
 from tests.conftest import unique
-from tests.support.servers import Process, free_port, gateway_process, wait_for_port
+from tests.support.ledger import Ledger
+from tests.support.servers import Process, RedisServer, free_port, gateway_process, wait_for_port
 
 ALICE = "op-alice-7d3f9a1c2b4e5f60"
 BOB = "op-bob-0a9b8c7d6e5f4a3b"
@@ -532,3 +537,285 @@ def test_the_identity_header_is_believed_from_the_trusted_address_in_a_real_proc
             ("alice", "identity_header", "claim")
         ]
         assert done[0]["client"] == "api" and done[0]["route"] == "jobs"
+
+
+# -- console sessions end with the credential that opened them -------------------------
+
+
+SESSION_SECRET = "session-secret-" + "q" * 32
+
+
+@dataclass
+class Reloadable:
+    """A gateway process whose config a test rewrites and reloads (SIGHUP)."""
+
+    running: Running
+    path: Path
+    doc: dict[str, Any]
+    reloads: int = 0
+
+    def reload(self, operators: list[dict[str, Any]]) -> None:
+        self.doc["admin"]["operators"] = operators
+        self.path.write_text(yaml.safe_dump(self.doc))
+        self.reloads += 1
+        self.running.process.signal(signal.SIGHUP)
+        self.running.process.wait_for_output("config reloaded", self.reloads)
+
+
+def reloadable(
+    tmp_path: Path,
+    upstream: Process,
+    alice_file: Path,
+    store: dict[str, Any] | None = None,
+    name: str = "rotating",
+) -> Reloadable:
+    port, admin_port = free_port(), free_port()
+    doc = {
+        "server": {"listen": f"127.0.0.1:{port}", "shutdown_grace": "1s"},
+        "admin": {
+            "listen": f"127.0.0.1:{admin_port}",
+            "operators": [
+                {"name": "alice", "role": "operator", "token_file": str(alice_file)},
+                {"name": "bob", "role": "operator", "token_env": "BOB_TOKEN"},
+            ],
+            "session_secret_env": "SESSION_SECRET",
+        },
+        "store": store or {"url": "memory://"},
+        "routes": [
+            {
+                "name": "jobs",
+                "match": {"methods": ["POST"], "path": "/jobs/x"},
+                "upstream": upstream.url,
+                "key": {"body": "job_key"},
+                "upstream_timeout": "200ms",
+            }
+        ],
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    env = {"BOB_TOKEN": BOB, "SESSION_SECRET": SESSION_SECRET}
+    process = gateway_process(path, port, env=env).start()
+    wait_for_port(admin_port)
+    running = Running(process, f"http://127.0.0.1:{admin_port}", f"http://127.0.0.1:{port}")
+    return Reloadable(running, path, doc)
+
+
+@contextmanager
+def console_session(admin: str, token: str) -> Iterator[tuple[str, str]]:
+    """The cookie of a console session signed in with `token`, and its CSRF token."""
+    with httpx.Client(base_url=admin, headers={"Origin": admin}, timeout=10) as client:
+        answer = client.post("/console/signin", data={"token": token})
+        assert answer.status_code == 303, answer.text
+        page = client.get("/console/")
+        found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert found, page.text
+        yield client.cookies["console_session"], found.group(1)
+
+
+def with_cookie(admin: str, cookie: str) -> httpx.Client:
+    """A client that sends `cookie` on every request, whatever the answers say."""
+    headers = {"Origin": admin, "Cookie": f"console_session={cookie}"}
+    return httpx.Client(base_url=admin, headers=headers, timeout=10)
+
+
+def record_of(admin: str, key: str) -> dict[str, Any]:
+    answer = httpx.get(
+        f"{admin}/admin/keys/jobs/{key}", headers={"Authorization": f"Bearer {BOB}"}, timeout=10
+    )
+    assert answer.status_code == 200, answer.text
+    doc: dict[str, Any] = answer.json()
+    return {k: v for k, v in doc.items() if k not in ("age_seconds", "state_age_seconds")}
+
+
+#: What the rotation test sent: requests, and of them the ones with a dead cookie.
+SENT = {"requests": 0, "bad_inputs": 0}
+
+
+def assert_signed_out(
+    admin: str, session: tuple[str, str], keys: tuple[str, str], why: str
+) -> None:
+    """Every request a console session authorises, refused with `why`, and nothing
+    changed: the pages, the live refresh, claim, take over, resolve (done with a forged
+    replay body, and retry)."""
+    SENT["requests"] += 10
+    SENT["bad_inputs"] += 10
+    cookie, csrf = session
+    parked, held = keys
+    before = {key: record_of(admin, key) for key in keys}
+    ref = {"route": "jobs", "csrf": csrf}
+    posts = {
+        "claim": ("/console/claim", ref | {"key": parked}),
+        "take over": ("/console/claim", ref | {"key": held, "force": "1", "holder": "alice"}),
+        "resolve done": (
+            "/console/resolve",
+            ref | {"key": held, "outcome": "done", "note": "paid", "response_body": "forged"},
+        ),
+        "resolve retry": ("/console/resolve", ref | {"key": held, "outcome": "retry"}),
+    }
+    with with_cookie(admin, cookie) as client:
+        for name, (path, form) in posts.items():
+            answer = client.post(path, data=form)
+            assert answer.status_code == 401, (name, answer.text)
+            assert "Signed out" in answer.text and why in answer.text, (name, answer.text)
+            assert "Nothing was changed" in answer.text, name
+            assert "Max-Age=0" in answer.headers["set-cookie"], name  # the dead cookie goes
+        for path in ("/console/", "/console/keys", f"/console/key?route=jobs&key={held}"):
+            page = client.get(path)
+            assert page.status_code == 303, (path, page.text)
+            assert page.headers["location"].startswith("/console/signin?next="), path
+        takeover = client.get("/console/takeover", params={"route": "jobs", "key": held})
+        assert takeover.status_code == 303 and "/console/signin" in takeover.headers["location"]
+        assert client.get("/console/keys/rows").status_code == 401
+        # The cookie was never a credential of the operator API.
+        assert client.get("/admin/me").status_code == 401
+    assert {key: record_of(admin, key) for key in keys} == before
+
+
+def signed_in(admin: str, session: tuple[str, str]) -> bool:
+    with with_cookie(admin, session[0]) as client:
+        return client.get("/console/").status_code == 200
+
+
+ROTATED = "op-alice-rotated-4c5d6e7f8a9b"
+ANEW = "op-alice-anew-0f1e2d3c4b5a6978"
+
+
+@pytest.mark.process
+def test_rotating_a_token_ends_the_sessions_it_opened(
+    tmp_path: Path, upstream: Process, ledger: Ledger
+) -> None:
+    """alice signs in with her token; her token file is rotated and the gateway
+    reloaded (SIGHUP). The old token gets 401, and the cookie it bought can no longer
+    claim, take over or resolve (a forged replay body included): it is signed out, in
+    words. bob's session, whose token did not change, holds. A sign-in with the new
+    token works. Then alice is removed and re-added: with a new token, no cookie of
+    hers comes back; nor when her token is rotated back to one she had before: a
+    sign-in with it works, and nothing it opened before does."""
+    alice_file = tmp_path / "alice.token"
+    alice_file.write_text(ALICE + "\n")
+    gateway = reloadable(tmp_path, upstream, alice_file)
+    admin = gateway.running.admin
+    try:
+        parked, held = gateway.running.parked(), gateway.running.parked()
+        operators = [dict(op) for op in gateway.doc["admin"]["operators"]]
+        with console_session(admin, ALICE) as first, console_session(admin, BOB) as bob:
+            with with_cookie(admin, first[0]) as client:
+                claimed = client.post(
+                    "/console/claim", data={"route": "jobs", "key": held, "csrf": first[1]}
+                )
+            assert claimed.status_code == 303, claimed.text
+            assert record_of(admin, held)["holder"] == "alice"
+
+            alice_file.write_text(ROTATED + "\n")
+            gateway.reload(operators)
+        old_token = httpx.get(f"{admin}/admin/me", headers={"Authorization": f"Bearer {ALICE}"})
+        assert old_token.status_code == 401
+        assert_signed_out(admin, first, (parked, held), "has changed since")
+        assert signed_in(admin, bob)  # bob's token did not change
+
+        with console_session(admin, ROTATED) as second:
+            with with_cookie(admin, second[0]) as client:
+                form = {"route": "jobs", "key": held, "outcome": "retry", "csrf": second[1]}
+                answer = client.post("/console/resolve", data=form)
+            assert answer.status_code == 303, answer.text
+            assert record_of(admin, held)["state"] == "released"
+
+        gateway.reload([op for op in operators if op["name"] != "alice"])
+        assert_signed_out(admin, second, (parked, parked), "no longer an operator")
+        alice_file.write_text(ANEW + "\n")
+        gateway.reload(operators)
+        for session in (first, second):
+            assert_signed_out(admin, session, (parked, parked), "has changed since")
+        with console_session(admin, ANEW) as third:
+            assert signed_in(admin, third)
+
+        # Her token rotated back to one she had before: what it opened stays over.
+        alice_file.write_text(ROTATED + "\n")
+        gateway.reload(operators)
+        for session in (first, third):
+            assert_signed_out(admin, session, (parked, parked), "has changed since")
+        # second's token is hers again, and its cookie still counts for nothing.
+        assert_signed_out(admin, second, (parked, parked), "since this session began")
+        with console_session(admin, ROTATED) as fourth:
+            assert signed_in(admin, fourth)
+    finally:
+        gateway.running.process.stop()
+        ledger.record(
+            "operator sessions",
+            "test_rotating_a_token_ends_the_sessions_it_opened",
+            requests=SENT["requests"],
+            faults=gateway.reloads,
+            bad_inputs=SENT["bad_inputs"],
+            detail="a dead cookie against every page and form after rotation, removal, re-adding",
+        )
+    output = gateway.running.process.output()
+    assert not any(token in output for token in (ALICE, BOB, ROTATED, ANEW))
+
+
+def eventually(check: Callable[[], bool], timeout: float = 10) -> bool:
+    """Whether `check` holds within `timeout` seconds (asked every 0.1 s)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.process
+@pytest.mark.redis
+def test_a_re_added_operator_starts_with_no_sessions(
+    tmp_path: Path, upstream: Process, redis_server: RedisServer, ledger: Ledger
+) -> None:
+    """Two replicas on one Redis. alice signs in; replica A's config drops her, then
+    takes her back with the very token she had (SIGHUP each time). The cookie she had
+    is refused on A at once, and on B, whose config never changed, within the roster's
+    refresh; B reloading later agrees. A fresh sign-in works on both replicas, and
+    after every replica restarts the old cookie is still refused and the new one
+    still good."""
+    alice_file = tmp_path / "alice.token"
+    alice_file.write_text(ALICE + "\n")
+    store = {"url": redis_server.url, "prefix": unique("roster") + ":"}
+    a = reloadable(tmp_path, upstream, alice_file, store, "replica-a")
+    b = reloadable(tmp_path, upstream, alice_file, store, "replica-b")
+    replicas = (a, b)
+    requests, before = 0, dict(SENT)
+    try:
+        parked = a.running.parked()
+        keys = (parked, parked)
+        operators = [dict(op) for op in a.doc["admin"]["operators"]]
+        with console_session(a.running.admin, ALICE) as old:
+            assert signed_in(a.running.admin, old) and signed_in(b.running.admin, old)
+            a.reload([op for op in operators if op["name"] != "alice"])
+            a.reload(operators)  # the very token she had
+            words = "since this session began"
+            assert_signed_out(a.running.admin, old, keys, words)
+            assert eventually(lambda: not signed_in(b.running.admin, old))
+            assert_signed_out(b.running.admin, old, keys, words)
+            requests += 4
+        with console_session(a.running.admin, ALICE) as fresh:
+            assert signed_in(a.running.admin, fresh) and signed_in(b.running.admin, fresh)
+            b.reload(operators)  # a replica that reloads later agrees
+            assert signed_in(b.running.admin, fresh)
+            assert_signed_out(b.running.admin, old, keys, words)
+            for replica in replicas:
+                replica.running.process.stop()
+            for replica in replicas:
+                replica.running.process.start()
+                wait_for_port(int(replica.running.admin.rpartition(":")[2]))
+            for replica in replicas:
+                assert signed_in(replica.running.admin, fresh)
+                assert_signed_out(replica.running.admin, old, keys, words)
+            requests += 6
+    finally:
+        for replica in replicas:
+            replica.running.process.stop()
+        ledger.record(
+            "operator sessions",
+            "test_a_re_added_operator_starts_with_no_sessions",
+            requests=SENT["requests"] - before["requests"] + requests,
+            faults=a.reloads + b.reloads + len(replicas),
+            bad_inputs=SENT["bad_inputs"] - before["bad_inputs"],
+            detail="an operator removed and re-added with the same token, two replicas on "
+            "one Redis, reloads and restarts",
+        )

@@ -188,7 +188,7 @@ LISTENER_STRICTER = {
     "Transfer-Encoding must be treated as faulty framing; h11 reads it chunked",
     "control-in-value": "RFC 9110 5.5: control characters in a field value are invalid; "
     "h11 keeps those other than NUL, CR and LF, the gateway refuses them "
-    "(gateway/app.py, _headers)",
+    "(gateway/proxy/app.py, _headers)",
     "unregistered-method": "llhttp parses the methods it knows (the IANA registry's, in "
     "upper case) and refuses other tokens; h11 takes any token",
     "chunk-size-whitespace": "whitespace after a chunk size with no extension: not in RFC "
@@ -198,7 +198,7 @@ LISTENER_STRICTER = {
     "other-http-version": "HTTP/1.2 (RFC 9110 2.5: SHOULD be read as 1.1) and HTTP/2.0: "
     "llhttp refuses both, h11 takes any digit.digit",
     "non-utf8-path": "percent-escapes that are not UTF-8 once decoded are refused so two "
-    "paths cannot match as one (gateway/app.py, _check_path)",
+    "paths cannot match as one (gateway/proxy/app.py, _check_path)",
     "asterisk-form": "`*` is no path: no route matches it (404, nothing forwarded)",
     "fragment-in-target": "RFC 9112 3.2: a request target has no fragment ('#'); h11 takes "
     "any visible character, a refusal is right (forwarding it without the fragment is not)",
@@ -1197,10 +1197,10 @@ def compare(sent: Message, arrival: Message, quirks: frozenset[str]) -> list[tup
     if arrival.method != sent.method:
         found.append(("forwarded-method", f"{sent.method!r} arrived as {arrival.method!r}"))
     target = origin_form(sent.target)
-    # Issue 12, item 7: dot-segments are removed (RFC 3986 5.2.4) on every route, also
-    # those the strategies did not put there on purpose ("." and ".." are path pieces).
-    # An empty query is forwarded as none: ASGI's query_string is b"" for both, and the
-    # gateway documents it (README, Paths).
+    # Dot-segments are removed (RFC 3986 5.2.4) on every route, also those the
+    # strategies did not put there on purpose ("." and ".." are path pieces). An empty
+    # query is forwarded as none: ASGI's query_string is b"" for both, and the gateway
+    # documents it (docs/concepts.md, "What the upstream sees").
     allowed = {t.removesuffix(b"?") for t in (target, remove_dot_segments(target))}
     allowed |= {target, remove_dot_segments(target)}
     if arrival.target not in allowed:

@@ -212,7 +212,21 @@ def test_dot_segment_spellings_share_one_key(path_gateway: PathGateway) -> None:
 
 @pytest.mark.parametrize(
     "target",
-    ["/files/a%2Fb", "/files/a%2f..%2f..%2fother", "/files/a%5Cb", "/jobs/a%5c..", "/files/a\\b"],
+    [
+        "/files/a%2Fb",
+        "/files/a%2f..%2f..%2fother",
+        "/files/a%5Cb",
+        "/jobs/a%5c..",
+        "/files/a\\b",
+        # `..;x` is `..` to servers that drop path parameters first (Tomcat, Jetty)
+        "/files/a/..;/other",
+        "/files/a/..;jsessionid=1/other",
+        "/files/a/%2E%2e;x/other",
+        "/files/a/.;/other",
+        "/files/a/..%3B/other",
+        "/files/a/;x/other",
+        "/jobs/..;",
+    ],
 )
 def test_encoded_slash_or_backslash_on_a_keyed_route_is_refused(
     path_gateway: PathGateway, ledger: Ledger, target: str

@@ -30,7 +30,7 @@ import yaml
 
 from gateway.config import StoreConfig
 from gateway.errors import StoreError
-from gateway.keys import record_digest
+from gateway.keying import record_digest
 from gateway.records import KeyRef, Record, State, StoredResponse
 from gateway.store.postgres import PostgresStore
 from tests.conftest import migrate_database, unique, upstream_count
@@ -225,6 +225,7 @@ async def sent(upstream: Process, key: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.process
+@pytest.mark.long
 async def test_sigkill_under_a_storm_and_restart_loses_nothing(
     tmp_path: Path, upstream: Process, ledger: Ledger
 ) -> None:
@@ -643,6 +644,7 @@ async def test_database_down_then_up_fails_closed_or_open_and_recovers(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 async def test_database_crashes_under_load_give_store_errors_only() -> None:
     """40 claims at a time through one store (a pool of 10), PostgreSQL SIGKILLed and
     restarted twice meanwhile: every failed call is a StoreError (a 503, or fail_open),

@@ -12,6 +12,7 @@ import httpx
 import pytest
 import yaml
 
+from gateway.cli import build_parser
 from tests.conftest import unique, upstream_count
 from tests.support.servers import ROOT, Process, free_port, gateway_process, wait_for_port
 
@@ -177,6 +178,7 @@ def test_check_config_accepts_the_example() -> None:
     result = cli("check-config", str(ROOT / "config.example.yaml"))
     assert result.returncode == 0, result.stderr
     assert "send-reminder" in result.stdout and "OK" in result.stdout
+    assert "warning" not in result.stderr  # the example shows the safe forms
 
 
 def test_check_config_reports_errors_without_traceback(tmp_path: Path) -> None:
@@ -206,6 +208,25 @@ def test_check_config_bad_yaml_names_the_line(tmp_path: Path) -> None:
     assert "line" in result.stderr
 
 
+def test_numeric_arguments_are_ascii_digits(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--workers` and the demo's ports are ASCII digits: int() would take another
+    script's digits ("\u0662" as 2) and "2_0" as 20."""
+    parser = build_parser()
+    for args in (
+        ["run", "--workers", "\u0662"],
+        ["run", "--workers", "2_0"],
+        ["run", "--workers", "²"],
+        ["run", "--workers", "0"],
+        ["demo", "--port", "\u0668\u0660\u0668\u0660"],
+        ["demo", "--job-port", "99999"],
+    ):
+        with pytest.raises(SystemExit):
+            parser.parse_args(args)
+        assert "Traceback" not in capsys.readouterr().err
+    assert parser.parse_args(["run", "--workers", "2"]).workers == 2
+    assert parser.parse_args(["demo", "--port", "8081"]).port == 8081
+
+
 def test_explain_says_an_async_route_and_its_first_delays(tmp_path: Path) -> None:
     route = {
         "name": "send-invoices",
@@ -229,6 +250,10 @@ def test_explain_says_an_async_route_and_its_first_delays(tmp_path: Path) -> Non
     assert lines["retry"].strip() == (
         "8 attempts; before attempt 2: 0-2s, 3: 0-4s, 4: 0-8s, 5: 0-16s, 6: 0-32s, ... "
         "at most 10m (full jitter; Retry-After wins); then parked"
+    )
+    assert lines["answers"].strip() == (
+        "200-407, 409-428, 430-499 complete the delivery; any other status, and a request "
+        "never sent, are attempted again"
     )
     digest = lines["record"].strip()
     assert (

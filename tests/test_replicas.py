@@ -92,6 +92,7 @@ async def assert_once_each(upstream: Process, by_key: dict[str, list[httpx.Respo
 
 @pytest.mark.slow
 @pytest.mark.parametrize("replicas", [2, 3])
+@pytest.mark.long
 async def test_replicas_on_one_redis_run_each_key_once(
     tmp_path: Path, upstream: Process, redis_server: RedisServer, replicas: int
 ) -> None:

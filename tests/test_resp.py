@@ -1,4 +1,4 @@
-"""The store's pipelined connection (gateway/store/resp.py) against real redis-servers:
+"""The store's pipelined connection (gateway/store/redis/resp.py) against real redis-servers:
 replies matched to callers under concurrency and cancellation, login, db and unix
 sockets, a hung Redis failing calls in bounded time, a restarted one reloading scripts."""
 
@@ -23,8 +23,8 @@ from gateway.config import StoreConfig
 from gateway.errors import StoreError
 from gateway.records import KeyRef, State
 from gateway.store.redis import BUCKETS, RedisStore
-from gateway.store.redis_scripts import SCRIPTS
-from gateway.store.resp import Endpoint, RespConnection, RespConnectionError, RespError
+from gateway.store.redis.resp import Endpoint, RespConnection, RespConnectionError, RespError
+from gateway.store.redis.scripts import SCRIPTS
 from tests.conftest import unique
 from tests.support.loops import anyio_backend  # noqa: F401  (uvloop and asyncio)
 from tests.support.servers import RedisServer

@@ -12,9 +12,13 @@ import httpx
 import pytest
 import yaml
 
+from gateway.config import StoreConfig
+from gateway.errors import StoreError
+from gateway.records import State
+from gateway.store.redis import RedisStore
 from tests.conftest import unique, upstream_count
 from tests.support.servers import Process, free_port, gateway_process
-from tests.support.topologies import SentinelSetup
+from tests.support.topologies import SentinelSetup, redis_cli
 
 pytestmark = [
     pytest.mark.anyio,
@@ -33,6 +37,7 @@ def sentinel() -> Iterator[SentinelSetup]:
 
 
 @pytest.mark.timeout(150)  # a failover, then leases of keys caught in it must run out
+@pytest.mark.long
 async def test_master_killed_mid_load(
     tmp_path: Path, upstream: Process, sentinel: SentinelSetup
 ) -> None:
@@ -150,3 +155,67 @@ def duplicate_report(
         }
     )
     return f"{key} ran twice; answers {answers}; gateway: {lines[:20]}; sentinels: {switches}"
+
+
+@pytest.mark.timeout(90)
+async def test_the_operator_roster_survives_a_failover(sentinel: SentinelSetup) -> None:
+    """The roster (store/operator_roster.py) on Sentinel: after the master is killed,
+    the new master gives the times the old one gave, and an operator removed before the
+    failover and added again after it gets a time later than before."""
+    store = RedisStore(
+        StoreConfig(
+            sentinel_master=sentinel.master_name,
+            sentinel_nodes=tuple(("127.0.0.1", s.port) for s in sentinel.sentinels),
+            prefix=unique("roster") + ":",
+            socket_timeout=0.5,
+            connect_timeout=0.5,
+        )
+    )
+    try:
+        first = await store.record_roster({"token:alice": "a", "token:bob": "b"})
+        await store.record_roster({"token:bob": "b"})
+        assert redis_cli(sentinel.master.port, "wait", "1", "5000").strip() == "1"
+        old_master = sentinel.current_master_port()
+        sentinel.master.kill()
+        deadline = time.monotonic() + 30
+        while sentinel.current_master_port() == old_master:
+            assert time.monotonic() < deadline, "no failover happened"
+            await asyncio.sleep(0.2)
+        while True:
+            try:
+                after = await store.roster()
+                break
+            except StoreError:
+                assert time.monotonic() < deadline, "the new master never answered"
+                await asyncio.sleep(0.2)
+        assert after == {"token:bob": first["token:bob"]}
+        back = await store.record_roster({"token:alice": "a", "token:bob": "b"})
+        assert back["token:bob"] == first["token:bob"]
+        assert back["token:alice"].since_ms > first["token:alice"].since_ms
+    finally:
+        await store.close()
+
+
+async def test_a_burst_past_the_pool_waits_for_a_connection(redis_sentinel: SentinelSetup) -> None:
+    """More store calls at once than `store.pool_size` connections: each waits for a
+    free connection, as on one server, instead of failing with MaxConnectionsError
+    (a StoreError: 503s for a burst of requests, or a listing's bucket reads)."""
+    config = StoreConfig(
+        sentinel_master=redis_sentinel.master_name,
+        sentinel_nodes=tuple(("127.0.0.1", s.port) for s in redis_sentinel.sentinels),
+        prefix=unique("burst") + ":",
+        max_connections=2,
+        wait_for_replicas=1,  # the store's calls go through redis-py's pool
+    )
+    store = RedisStore(config)
+    await store.start()
+    try:
+        burst = await asyncio.gather(
+            *(store.client.get(f"{config.prefix}n{i}") for i in range(200)),
+            return_exceptions=True,
+        )
+        assert [r for r in burst if isinstance(r, BaseException)] == []
+        page = await store.list_records(frozenset({State.PARKED}))
+        assert page.records == []
+    finally:
+        await store.close()

@@ -39,7 +39,7 @@ import pytest
 import yaml
 
 from gateway.config import StoreConfig
-from gateway.keys import record_digest
+from gateway.keying import record_digest
 from gateway.records import KeyRef, Record, State
 from gateway.store.redis import RedisStore
 from tests.support.ledger import Ledger
@@ -285,6 +285,7 @@ def duplicates(runs: int, answers: dict[str, int]) -> int:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.long
 async def test_soak_mixed_traffic_with_faults(tmp_path: Path, ledger: Ledger) -> None:
     began = time.monotonic()
     rng = random.Random(SEED)

@@ -12,7 +12,10 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import secrets
+import statistics
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -21,19 +24,23 @@ from typing import Any
 import pytest
 import redis
 
-from gateway import logs, settlement
-from gateway.app import Gateway
+from gateway import logs
+from gateway.assembly import Gateway
 from gateway.config import Config, StoreConfig
 from gateway.encryption import new_key
+from gateway.engine import accept as accept_module
+from gateway.engine.accept import accepted_reply, delivery_ids, status_url
 from gateway.errors import ConfigError
-from gateway.keys import RequestParts, record_digest, scope_value
+from gateway.keying import RequestParts, record_digest, scope_value
 from gateway.records import KeyRef, State, StoredRequest, StoredResponse
-from gateway.settlement import accepted_reply, delivery_ids
-from gateway.status import status_url
-from gateway.store.base import Store, codec_for
+from gateway.store.base import NewDelivery, Store, codec_for
 from gateway.store.memory import MemoryStore
+from gateway.store.postgres import PostgresStore
 from gateway.store.redis import RedisStore
 from tests.conftest import GatewayClient, config_for, unique
+from tests.support.ledger import Ledger
+from tests.support.pg_wire import PgRelay
+from tests.support.postgres import DATABASE, USER, PostgresServer
 from tests.support.servers import RedisServer, free_port
 
 pytestmark = pytest.mark.anyio
@@ -114,7 +121,7 @@ async def accept(store: Store, route: str = "send-invoices", scope: str = "") ->
     key = unique("invoices")
     ref = KeyRef(record_digest(route, scope, key), route, key)
     token = secrets.token_urlsafe(16)
-    accepted = await store.accept(ref, "run-a", "fp", REQUEST, token)
+    accepted = await store.accept(NewDelivery(ref, "run-a", "fp", REQUEST, token))
     assert accepted.outcome == "queued"
     return Delivery(ref, token)
 
@@ -520,20 +527,20 @@ def test_a_bad_prefix_says_what_to_write(prefix: str, message: str) -> None:
 
 
 @pytest.mark.parametrize("key", ["inv-2026-11", 'a "quoted" \\ key', "é 中 😀 \u2028", "\x01"])
-@pytest.mark.parametrize("replayed", [False, True])
-def test_the_202_body_is_json_of_its_four_fields(key: str, replayed: bool) -> None:
+@pytest.mark.parametrize("outcome", ["accepted", "replayed"])
+def test_the_202_body_is_json_of_its_four_fields(key: str, outcome: str) -> None:
     """The 202 is spelled out by hand (no dict, no encoder per request): it must be
     what json.dumps writes, for any key a caller may send."""
     route = config_for(UPSTREAM, [INVOICES]).routes[0]
     ref = KeyRef(record_digest(route.name, "", key), route.name, key)
     token = secrets.token_urlsafe(16)
-    reply = accepted_reply(PREFIX, route, ref, "queued", token, replayed=replayed)
+    reply = accepted_reply(PREFIX, route, ref, "queued", token, outcome)
     url = status_url(PREFIX, route.name, ref.digest, token)
     fields = {"route": route.name, "key": key, "state": "queued", "status_url": url}
     assert reply.body == json.dumps(fields).encode()
     assert json.loads(reply.body) == fields
     assert reply.status == 202 and ("location", url) in reply.headers
-    assert (("idempotent-replayed", "true") in reply.headers) is replayed
+    assert (("idempotent-replayed", "true") in reply.headers) is (outcome == "replayed")
 
 
 def test_run_ids_and_tokens_are_fresh_and_full_length() -> None:
@@ -553,7 +560,181 @@ def test_the_token_is_all_128_bits_of_its_own_draw(monkeypatch: pytest.MonkeyPat
     """Run id and token split one 24-byte draw: the token is its last 16 bytes, whole
     (none shared with the run id, which the access log and admin API show)."""
     drawn = bytes(range(100, 124))
-    monkeypatch.setattr(settlement.os, "urandom", lambda n: drawn[:n])
+    monkeypatch.setattr(accept_module.os, "urandom", lambda n: drawn[:n])
     run_id, token = delivery_ids()
     assert run_id == drawn[:8].hex()
     assert base64.urlsafe_b64decode(token + "==") == drawn[8:]
+
+
+# -- a wrong token costs what a missing record costs ---------------------------------
+
+#: A stored response as large as max_stored_body lets one be, and incompressible.
+BIG = StoredResponse(200, (("content-type", "application/octet-stream"),), os.urandom(1 << 20))
+
+
+async def big_delivery(store: Store) -> Delivery:
+    delivery = await accept(store)
+    await attempt(store, delivery)
+    assert await store.complete(delivery.ref, "run-1", BIG, 3600)
+    return delivery
+
+
+def guesses(delivery: Delivery, n: int) -> list[tuple[str, str]]:
+    """n wrong-token URLs of the delivery, and n of a record that does not exist."""
+    s, route = f"{PREFIX}/status", delivery.ref.route
+    return [
+        (
+            f"{s}/{route}/{delivery.ref.digest}/{secrets.token_urlsafe(16)}",
+            f"{s}/{route}/{secrets.token_hex(16)}/{secrets.token_urlsafe(16)}",
+        )
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.redis
+async def test_a_wrong_token_never_reads_the_stored_response_on_redis(
+    redis_server: RedisServer, gateway_on: Any
+) -> None:
+    """Counted by Redis itself (INFO's total_net_output_bytes): wrong-token requests
+    for a record holding 1 MiB move nothing like the response's size (the gateway's
+    own background reads, a few small hashes, are counted too)."""
+    store = RedisStore(StoreConfig(url=redis_server.url, prefix=unique("t") + ":"))
+    gw = await gateway_on(store)
+    delivery = await big_delivery(store)
+    direct = redis.Redis.from_url(redis_server.url)
+    try:
+        before = direct.info("stats")["total_net_output_bytes"]
+        for wrong, _ in guesses(delivery, 10):
+            assert (await gw.http.get(wrong)).status_code == 404
+        sent = direct.info("stats")["total_net_output_bytes"] - before
+    finally:
+        direct.close()
+    assert sent < 64 * 1024, f"Redis sent {sent} bytes for 10 wrong tokens"
+    # The right token still reads it all.
+    assert len(base64.b64decode((await read(gw, delivery))["response"]["body_base64"])) == 1 << 20
+
+
+@pytest.mark.postgres
+async def test_a_wrong_token_never_reads_the_stored_response_on_postgres(
+    postgres_database: PostgresServer, gateway_on: Any
+) -> None:
+    """Counted on the wire (a relay in front of PostgreSQL): the database sends next to
+    nothing for wrong-token requests for a record holding 1 MiB."""
+    async with PgRelay(postgres_database.port) as relay:
+        url = f"postgresql://{USER}@127.0.0.1:{relay.port}/{DATABASE}"
+        store = PostgresStore(StoreConfig(url=url, prefix=unique("t") + ":", socket_timeout=2.0))
+        gw = await gateway_on(store)
+        delivery = await big_delivery(store)
+        relay.reset()
+        for wrong, _ in guesses(delivery, 10):
+            assert (await gw.http.get(wrong)).status_code == 404
+        sent = relay.reset().server_bytes
+        assert sent < 64 * 1024, f"PostgreSQL sent {sent} bytes for 10 wrong tokens"
+        doc = await read(gw, delivery)
+        assert len(base64.b64decode(doc["response"]["body_base64"])) == 1 << 20
+
+
+@pytest.mark.redis
+async def test_a_wrong_token_for_a_large_record_is_as_fast_as_for_none(
+    redis_server: RedisServer, gateway_on: Any, ledger: Ledger
+) -> None:
+    """Side by side in one run, interleaved: the median wrong-token answer for a record
+    holding 1 MiB against the median answer for a record that does not exist."""
+    store = RedisStore(StoreConfig(url=redis_server.url, prefix=unique("t") + ":"))
+    gw = await gateway_on(store)
+    delivery = await big_delivery(store)
+    times: dict[str, list[float]] = {"existing": [], "missing": []}
+    for wrong, missing in guesses(delivery, 150):
+        for what, url in (("existing", wrong), ("missing", missing)):
+            started = time.perf_counter()
+            answer = await gw.http.get(url)
+            times[what].append(time.perf_counter() - started)
+            assert answer.status_code == 404
+    existing, missing = statistics.median(times["existing"]), statistics.median(times["missing"])
+    ratio = existing / missing
+    ledger.record(
+        "status URL guesses",
+        "wrong token for a 1 MiB record against no record",
+        requests=300,
+        bad_inputs=300,
+        detail=f"medians {existing * 1e3:.2f} ms and {missing * 1e3:.2f} ms: {ratio:.2f}x",
+    )
+    assert ratio < 1.5, f"wrong token {existing * 1e3:.2f} ms, no record {missing * 1e3:.2f} ms"
+
+
+# -- a wrong token costs and answers the same whether or not the key exists -----------
+
+
+def spread(a: float, b: float) -> float:
+    """How far apart two medians are, the larger over the smaller."""
+    return max(a, b) / min(a, b)
+
+
+@pytest.mark.parametrize("encrypted", [True, False], ids=["encrypted", "plain"])
+async def test_a_missing_token_costs_what_a_stored_one_does(
+    open_store: Callable[..., Store], encrypted: bool, ledger: Ledger
+) -> None:
+    """The store's token read, side by side in one run: a delivery's token (opened:
+    with store.encryption_key a decryption) against no record's. Medians of batches,
+    interleaved, so the store's own time is compared and not the network's."""
+    store = open_store(**({"encryption_key": new_key()} if encrypted else {}))
+    await store.start()
+    try:
+        delivery = await accept(store)
+        absent = KeyRef(secrets.token_hex(16), delivery.ref.route, "")
+        assert await store.delivery_token(delivery.ref) == delivery.token
+        assert await store.delivery_token(absent) == ""
+        batch = 200 if isinstance(store, MemoryStore) else 20
+        times: dict[str, list[float]] = {"existing": [], "missing": []}
+        for _ in range(40):
+            for what, ref in (("existing", delivery.ref), ("missing", absent)):
+                started = time.perf_counter()
+                for _ in range(batch):
+                    await store.delivery_token(ref)
+                times[what].append((time.perf_counter() - started) / batch)
+    finally:
+        await store.close()
+    existing, missing = statistics.median(times["existing"]), statistics.median(times["missing"])
+    ledger.record(
+        "status URL guesses",
+        f"token read, {type(store).__name__}, {'encrypted' if encrypted else 'plain'}",
+        requests=0,
+        detail=f"medians {existing * 1e6:.1f} us and {missing * 1e6:.1f} us",
+    )
+    assert spread(existing, missing) < 1.3, (
+        f"a delivery's token {existing * 1e6:.1f} us, no record's {missing * 1e6:.1f} us"
+    )
+
+
+@pytest.mark.parametrize("encrypted", [True, False], ids=["encrypted", "plain"])
+async def test_a_wrong_token_answers_the_same_whether_or_not_the_key_exists(
+    open_store: Callable[..., Store], gateway_on: Any, encrypted: bool, ledger: Ledger
+) -> None:
+    """Through the gateway: wrong-token URLs of a delivery and URLs of no record get
+    the same status, headers and body, in the same time (medians side by side)."""
+    store = open_store(**({"encryption_key": new_key()} if encrypted else {}))
+    gw = await gateway_on(store)
+    delivery = await accept(store)
+    times: dict[str, list[float]] = {"existing": [], "missing": []}
+    answers: dict[str, set[tuple[int, tuple[tuple[str, str], ...], bytes]]] = {
+        "existing": set(),
+        "missing": set(),
+    }
+    for wrong, missing in guesses(delivery, 150):
+        for what, url in (("existing", wrong), ("missing", missing)):
+            started = time.perf_counter()
+            answer = await gw.http.get(url)
+            times[what].append(time.perf_counter() - started)
+            shown = tuple((n, v) for n, v in answer.headers.items() if n != "date")
+            answers[what].add((answer.status_code, shown, answer.content))
+    assert answers["existing"] == answers["missing"]
+    assert len(answers["existing"]) == 1 and next(iter(answers["existing"]))[0] == 404
+    existing, missing = statistics.median(times["existing"]), statistics.median(times["missing"])
+    ledger.record(
+        "status URL guesses",
+        f"wrong token against no record, {'encrypted' if encrypted else 'plain'}",
+        requests=300,
+        bad_inputs=300,
+        detail=f"medians {existing * 1e3:.2f} ms and {missing * 1e3:.2f} ms",
+    )
+    assert spread(existing, missing) < 1.3, (existing, missing)

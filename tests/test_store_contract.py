@@ -1,23 +1,32 @@
-"""One contract, every store (memory, Redis, Cluster, PostgreSQL): what every method
-of Store promises."""
+"""One contract, every store (memory, PostgreSQL, SQLite, and Redis as one server,
+Sentinel and Cluster, each with and without `wait_for_replicas`): what every method of
+Store promises."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.errors import StoreError
 from gateway.records import KeyRef, State, StoredRequest, StoredResponse
-from gateway.store.base import ExpiredPolicy, PickResult, Store
+from gateway.store.base import CheckResult, ExpiredPolicy, NewDelivery, PickResult, Store
 from gateway.store.notices import Due
-from gateway.store.redis import RedisStore, _bucket
-from tests.conftest import ALL_STORES, unique
+from gateway.store.pages import MAX_PAGE_SIZE, READ_ROUNDS, InvalidCursor, Page
+from gateway.store.redis import RedisStore
+from gateway.store.redis.admission import admission_key
+from gateway.store.redis.listing import BUCKETS, bucket_of
+from gateway.store.redis.record import text
+from tests.conftest import EVERY_TOPOLOGY, unique
+from tests.support.servers import RedisServer
 
-pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("store_kind", ALL_STORES)]
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("store_kind", EVERY_TOPOLOGY)]
 
 RESPONSE = StoredResponse(201, (("content-type", "application/json"),), b'{"ok":true}')
 
@@ -88,6 +97,71 @@ async def test_stale_run_cannot_complete_release_or_unresolve(store: Store) -> N
     assert not await store.mark_unresolved(r, "other", "timeout")
     record = await store.get(r)
     assert record is not None and record.state is State.IN_FLIGHT and record.run_id == "run-1"
+
+
+#: Seconds past any store's keeping: 10^16 ms (more than Redis's scripts take), 10^20 ms
+#: (more than PostgreSQL's bigint). Config refuses both (config.units.MAX_DURATION).
+TOO_LONG = (1e13, 1e17)
+
+
+#: How a settling write is reached: (the record's state before it, the write).
+SETTLING = [
+    "complete", "complete-late", "check-done", "operator-done", "operator-retry", "release",
+]  # fmt: skip
+
+
+async def _settle_with(store: Store, way: str, r: KeyRef, ttl: float) -> None:
+    """Make `r` ready for `way`'s write (a claim, then what it needs), then write."""
+    if way == "release":  # a run with a story to keep: released as a tombstone
+        await _settle_with(store, "operator-retry", r, 60)
+    run = "run-2" if way == "release" else "run-1"
+    assert await store.claim(r, run, "fp", 30) is None
+    if way not in ("complete", "release"):
+        assert await store.mark_unresolved(r, "run-1", "timed out")
+    if way.startswith("operator"):
+        assert (await store.operator_claim(r, "alice", False)).ok
+    before = await store.get(r)
+    assert before is not None
+    try:
+        if way.startswith("complete"):
+            await store.complete(r, "run-1", RESPONSE, ttl)
+        elif way == "release":
+            await store.release(r, run, ttl, "not sent")
+        elif way == "check-done":
+            assert await store.begin_check(r, "run-1", 5, 0)
+            await store.end_check(
+                CheckResult(r, "run-1", "done", {"status": 200}, RESPONSE, ttl, 3600)
+            )
+        else:
+            outcome = way.removeprefix("operator-")
+            await store.operator_resolve(r, "alice", outcome, "checked", RESPONSE, ttl)
+    except StoreError:
+        after = await store.get(r)
+        assert after is not None
+        assert (after.state, after.response, after.history, after.holder) == (
+            before.state,
+            before.response,
+            before.history,
+            before.holder,
+        ), after
+    else:
+        after = await store.get(r)
+        assert after is not None
+        settled = State.RELEASED if way in ("operator-retry", "release") else State.COMPLETED
+        assert after.state is settled, after
+
+
+@pytest.mark.parametrize("ttl", TOO_LONG, ids=["1e16ms", "1e20ms"])
+async def test_a_settling_write_happens_whole_or_not_at_all(store: Store, ttl: float) -> None:
+    """A completion (of a run in flight, a late answer, a check's "done", an operator's
+    "done") or a release with its tombstone (an operator's "retry"), given a ttl the
+    store cannot keep, either takes effect whole or is refused (StoreError) with the
+    record as it was: the engine's log then says its lease turns it unresolved, which
+    must be true. A Redis script does not undo its earlier commands when a later one
+    fails: its PEXPIRE, refused after the record was written, left it completed with no
+    expiry while the call failed."""
+    for way in SETTLING:
+        await _settle_with(store, way, ref(), ttl)
 
 
 async def test_release_frees_key_for_next_run(store: Store) -> None:
@@ -181,11 +255,11 @@ async def test_info_reports_the_eviction_policy_and_persistence(
     store: Store, store_kind: str
 ) -> None:
     """The stores the tests start never evict; Redis ones run without AOF, the
-    PostgreSQL one commits to disk (fsync, synchronous_commit), the memory store has
-    nothing to persist."""
+    PostgreSQL one commits to disk (fsync, synchronous_commit), as the SQLite one does
+    (synchronous=FULL), the memory store has nothing to persist."""
     info = await store.info()
     assert info.maxmemory_policy == "noeviction" and not info.evicts
-    assert info.aof == {"memory": "n/a", "postgres": "yes"}.get(store_kind, "no")
+    assert info.aof == {"memory": "n/a", "postgres": "yes", "sqlite": "yes"}.get(store_kind, "no")
     assert info.refusal(allow_eviction=False) == "" and not info.error
     assert await store.info() == info  # a second look changes nothing
 
@@ -256,7 +330,9 @@ async def test_one_check_at_a_time_and_once_per_interval(store: Store) -> None:
     assert await store.begin_check(r, "run-1", 30, 0)
     assert not await store.begin_check(r, "run-1", 30, 0)  # one at a time
     assert (
-        await store.end_check(r, "run-1", "inconclusive", {"status": 500}, None, 60, 3600)
+        await store.end_check(
+            CheckResult(r, "run-1", "inconclusive", {"status": 500}, None, 60, 3600)
+        )
         == "unresolved"
     )
     assert not await store.begin_check(r, "run-1", 30, 60)  # checked less than 60 s ago
@@ -269,7 +345,9 @@ async def test_check_done_completes_with_the_reconciled_response(store: Store) -
     assert await store.begin_check(r, "run-1", 30, 0)
     reconciled = StoredResponse(200, (), b'{"reconciled":true}', origin="reconciled")
     assert (
-        await store.end_check(r, "run-1", "done", {"status": 200}, reconciled, 60, 3600)
+        await store.end_check(
+            CheckResult(r, "run-1", "done", {"status": 200}, reconciled, 60, 3600)
+        )
         == "completed"
     )
     record = await store.claim(r, "run-2", "fp", 30)
@@ -283,7 +361,8 @@ async def test_check_not_done_releases_and_next_claim_keeps_history(store: Store
     r = await unresolved(store)
     assert await store.begin_check(r, "run-1", 30, 0)
     assert (
-        await store.end_check(r, "run-1", "not_done", {"status": 404}, None, 60, 3600) == "released"
+        await store.end_check(CheckResult(r, "run-1", "not_done", {"status": 404}, None, 60, 3600))
+        == "released"
     )
     assert await store.claim(r, "run-2", "fp", 30) is None
     assert await store.complete(r, "run-2", RESPONSE, 60)
@@ -297,7 +376,9 @@ async def test_inconclusive_check_parks_after_park_after(store: Store) -> None:
     await asyncio.sleep(0.1)
     assert await store.begin_check(r, "run-1", 30, 0)
     assert (
-        await store.end_check(r, "run-1", "inconclusive", {"error": "timeout"}, None, 60, 0.05)
+        await store.end_check(
+            CheckResult(r, "run-1", "inconclusive", {"error": "timeout"}, None, 60, 0.05)
+        )
         == "parked"
     )
     record = await store.get(r)
@@ -309,7 +390,10 @@ async def test_end_check_after_someone_else_settled_changes_nothing(store: Store
     r = await unresolved(store)
     assert await store.begin_check(r, "run-1", 30, 0)
     assert await store.park(r, "test")
-    assert await store.end_check(r, "run-1", "not_done", {"status": 404}, None, 60, 3600) == ""
+    assert (
+        await store.end_check(CheckResult(r, "run-1", "not_done", {"status": 404}, None, 60, 3600))
+        == ""
+    )
     assert (await store.get(r)).state is State.PARKED  # type: ignore[union-attr]
 
 
@@ -386,6 +470,31 @@ async def test_open_records_and_stats_come_from_indexes(store: Store) -> None:
     assert ("send-reminder", State.IN_FLIGHT) not in stats
 
 
+async def test_the_sweeps_listing_is_the_unresolved_of_one_route_oldest_first(
+    store: Store,
+) -> None:
+    """The sweep's work list: a route's unresolved records only (not the parked, in
+    flight or done), the longest unresolved first, a page at a time."""
+    backlog = []
+    for _ in range(5):
+        backlog.append(await unresolved(store))
+        await asyncio.sleep(0.003)  # each its own millisecond: the order is by age
+    parked = await unresolved(store)
+    await store.park(parked, "test")
+    flying, done = ref(), ref()
+    await store.claim(flying, "run-1", "fp", 30)
+    await store.claim(done, "run-1", "fp", 30)
+    await store.complete(done, "run-1", RESPONSE, 60)
+    unresolved_only = frozenset({State.UNRESOLVED})
+    route = backlog[0].route
+    first = await store.list_records(unresolved_only, route=route, limit=3)
+    rest = await store.list_records(unresolved_only, route=route, cursor=first.next, limit=3)
+    listed = [*first.records, *rest.records]
+    assert [r.key for r in listed] == [r.key for r in backlog]
+    assert all(r.state is State.UNRESOLVED for r in listed)
+    assert not rest.next
+
+
 # -- deliveries: accept, pick, retry_later ------------------------------------------
 
 REQUEST = StoredRequest(
@@ -432,7 +541,7 @@ class Heard:
 
 async def accepted(store: Store, run: str = "run-a") -> KeyRef:
     r = ref()
-    result = await store.accept(r, run, "fp", REQUEST, TOKEN, origin="replica-a")
+    result = await store.accept(NewDelivery(r, run, "fp", REQUEST, TOKEN, origin="replica-a"))
     assert result.outcome == "queued" and result.record is None and result.now_ms > 0
     return r
 
@@ -456,26 +565,42 @@ async def test_accept_queues_a_free_key_with_its_request_and_token(store: Store)
     assert record.token == TOKEN and TOKEN not in str(record.to_json())
     assert await store.get_request(r) == REQUEST
     # The same accept retried finds its own record; the caller counts it as queued.
-    again = await store.accept(r, "run-a", "fp", REQUEST, TOKEN)
+    again = await store.accept(NewDelivery(r, "run-a", "fp", REQUEST, TOKEN))
     assert again.outcome == "exists" and again.record is not None
     assert again.record.run_id == "run-a" and again.record.state is State.QUEUED
+
+
+async def test_delivery_token_is_the_token_alone(store: Store) -> None:
+    """A delivery's token, read without its record, for as long as the record lasts;
+    "" for a key that is no delivery, a missing one, and one past its expiry."""
+    r = await accepted(store)
+    assert await store.delivery_token(r) == TOKEN
+    await picked(store, r)
+    assert await store.complete(r, "run-1", RESPONSE, 0.3)
+    assert await store.delivery_token(r) == TOKEN
+    sync = ref()
+    await store.claim(sync, "run-1", "fp", 30)
+    assert await store.delivery_token(sync) == ""
+    assert await store.delivery_token(ref()) == ""
+    await asyncio.sleep(0.5)
+    assert await store.delivery_token(r) == ""
 
 
 async def test_accept_never_overwrites_an_existing_key(store: Store) -> None:
     r = await accepted(store)
     other = StoredRequest("POST", "/other", (), b"other")
-    found = await store.accept(r, "run-b", "fp2", other, "another-token-000000000")
+    found = await store.accept(NewDelivery(r, "run-b", "fp2", other, "another-token-000000000"))
     assert found.outcome == "exists" and found.record is not None
     assert found.record.run_id == "run-a" and found.record.fingerprint == "fp"
     assert found.record.token == TOKEN and await store.get_request(r) == REQUEST
     # Nor a sync key: in flight or completed, it stays what it is, with no request.
     sync = ref()
     await store.claim(sync, "run-1", "fp", 30)
-    held = await store.accept(sync, "run-b", "fp", REQUEST, TOKEN)
+    held = await store.accept(NewDelivery(sync, "run-b", "fp", REQUEST, TOKEN))
     assert held.outcome == "exists" and held.record is not None
     assert held.record.state is State.IN_FLIGHT and not held.record.delivery
     await store.complete(sync, "run-1", RESPONSE, 60)
-    done = await store.accept(sync, "run-b", "fp", REQUEST, TOKEN, admit=False)
+    done = await store.accept(NewDelivery(sync, "run-b", "fp", REQUEST, TOKEN, limit=0))
     assert done.outcome == "exists" and done.record is not None
     assert done.record.response == RESPONSE
     assert await store.get_request(sync) is None
@@ -483,7 +608,7 @@ async def test_accept_never_overwrites_an_existing_key(store: Store) -> None:
 
 async def test_accept_refused_admission_stores_nothing(store: Store) -> None:
     r = ref()
-    full = await store.accept(r, "run-a", "fp", REQUEST, TOKEN, admit=False)
+    full = await store.accept(NewDelivery(r, "run-a", "fp", REQUEST, TOKEN, limit=0))
     assert full.outcome == "full" and full.record is None
     assert await store.get(r) is None and await store.get_request(r) is None
     assert await store.queue_stats() == []
@@ -495,7 +620,9 @@ async def test_refused_admission_still_settles_a_dead_lease(store: Store) -> Non
     r = ref()
     await store.claim(r, "run-1", "fp", 0.05)
     await asyncio.sleep(0.15)
-    full = await store.accept(r, "run-a", "fp", REQUEST, TOKEN, admit=False, expired="release")
+    full = await store.accept(
+        NewDelivery(r, "run-a", "fp", REQUEST, TOKEN, limit=0, expired="release")
+    )
     assert full.outcome == "full" and full.record is None
     record = await store.get(r)
     assert record is not None and record.state is State.RELEASED
@@ -539,6 +666,94 @@ async def test_picked_delivery_is_not_picked_again(store: Store) -> None:
     assert (await store.due_candidates(r.route, 10))[0] == []
     assert await store.queue_stats() == []
     await heard.until(lambda: r.digest in heard.taken)
+
+
+async def test_a_pick_repeated_by_its_own_run_is_that_pick(store: Store) -> None:
+    """A pick whose reply was lost is repeated with the same run id (redis-py retries a
+    command once; the worker retries a pick that failed): it finds the record it took,
+    in flight for its run, and is that pick, with its request. "gone" would leave the
+    record in flight, never sent, until its lease made it an unknown outcome."""
+    r = await accepted(store)
+    await picked(store, r)
+    again = await picked(store, r)
+    assert again.why == "" and again.record is not None, again
+    record = again.record
+    assert (record.state, record.run_id, record.attempts) == (State.IN_FLIGHT, "run-1", 1)
+    assert store.codec.decode_request(r.digest, again.request) == REQUEST
+    assert [e["event"] for e in record.history] == ["attempt"]
+    other = await picked(store, r, "run-2")
+    assert other.record is None and other.why == "gone"
+
+
+@pytest.fixture
+def replicas(store_kind: str, request: pytest.FixtureRequest) -> list[RedisServer]:
+    """The replicas a `+wait` store's WAIT counts (a Cluster's: every primary's)."""
+    if store_kind == "redis+wait":
+        return [request.getfixturevalue("redis_replicated").replica]
+    if store_kind == "sentinel+wait":
+        return [request.getfixturevalue("redis_sentinel").replica]
+    if store_kind == "cluster+wait":
+        return list(request.getfixturevalue("redis_cluster_replicated").replica_nodes())
+    return []
+
+
+@contextlib.contextmanager
+def stopped(replicas: list[RedisServer]) -> Iterator[None]:
+    """The replicas stopped (SIGSTOP): they hold nothing written meanwhile."""
+    for replica in replicas:
+        replica.signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for replica in replicas:
+            replica.signal(signal.SIGCONT)
+
+
+async def test_a_pick_the_replicas_did_not_confirm_is_put_back_unsent(
+    store: Store, replicas: list[RedisServer]
+) -> None:
+    """With wait_for_replicas, a pick is the write that lets an attempt reach the
+    upstream: one the replicas did not confirm could be lost by a failover, and the
+    attempt made again. It is put back where it was, unsent: due again soon, the
+    attempt not counted, its history saying why (consecutive ones are one event), and
+    announced; never left in flight for its lease, never an unknown outcome. Once the
+    replicas confirm again, it is picked. A store with no replicas has nothing to
+    confirm: memory, PostgreSQL (whose standbys a commit waits for when
+    synchronous_standby_names names them), and Redis without the setting."""
+    if not replicas:
+        pytest.skip("no replicas asked for: a pick has nothing to wait for")
+    heard = await Heard(store).subscribed(store)
+    r = await accepted(store)  # the replicas confirm it
+    with stopped(replicas):
+        unsent = await picked(store, r)
+        early = await picked(store, r, "run-2")
+    assert unsent.record is None and unsent.why == "unconfirmed", unsent
+    assert unsent.due_ms > unsent.now_ms, unsent
+    assert early.record is None and early.why == "not_due", early
+    record = await store.get(r)
+    assert record is not None and record.state is State.QUEUED, record
+    assert record.attempts == 0 and record.due_ms == unsent.due_ms
+    [event] = record.history
+    assert event["event"] == "put_back" and "replicas confirmed" in event["reason"], event
+    assert await store.get_request(r) == REQUEST
+    [stat] = await store.queue_stats()
+    assert (stat.queued, stat.retrying) == (1, 0)
+    assert [c.ref.digest for c in (await store.due_candidates(r.route, 10))[0]] == [r.digest]
+    await heard.until(lambda: any(d.due_ms == unsent.due_ms for d in heard.due))
+    await asyncio.sleep((unsent.due_ms - unsent.now_ms) / 1000 + 0.05)
+    sent = await picked(store, r, "run-3")
+    assert sent.record is not None and sent.record.attempts == 1, sent
+    assert [e["event"] for e in sent.record.history] == ["put_back", "attempt"]
+    # A retrying delivery goes back to retrying, its attempts as they were.
+    assert await store.retry_later(r, "run-3", 0, ATTEMPT)
+    with stopped(replicas):
+        again = await picked(store, r, "run-4")
+    assert again.why == "unconfirmed", again
+    record = await store.get(r)
+    assert record is not None and record.state is State.RETRYING and record.attempts == 1
+    assert record.last_attempt == ATTEMPT
+    events = [e["event"] for e in record.history]
+    assert events == ["put_back", "attempt", "retry_scheduled", "put_back"], events
 
 
 async def test_pick_never_claims_a_delivery_that_is_not_due(store: Store) -> None:
@@ -659,7 +874,9 @@ async def test_a_check_decides_an_unresolved_delivery(
     assert await store.begin_check(r, "run-1", 30, 0)
     answer = {"status": 404 if result == "not_done" else 200}
     response = RESPONSE if result == "done" else None
-    got = await store.end_check(r, "run-1", result, answer, response, 60, 3600, retry_in)
+    got = await store.end_check(
+        CheckResult(r, "run-1", result, answer, response, 60, 3600, retry_in)
+    )
     assert got == after
     record = await store.get(r)
     assert record is not None and record.state is State(after)
@@ -703,7 +920,7 @@ async def test_operators_cannot_claim_queued_or_retrying_deliveries(store: Store
 async def test_queue_reads_split_by_route_and_state_earliest_first(store: Store) -> None:
     first, second = await accepted(store), await accepted(store)
     other = KeyRef(ref().digest, "other-route", "k")
-    await store.accept(other, "run-a", "fp", REQUEST, TOKEN)
+    await store.accept(NewDelivery(other, "run-a", "fp", REQUEST, TOKEN))
     await picked(store, second)
     await store.retry_later(second, "run-1", 30, ATTEMPT)
     stats = {s.route: s for s in await store.queue_stats()}
@@ -771,9 +988,9 @@ async def test_delivery_notices_are_heard_only_while_a_worker_listens(
     message. A worker that starts listening is subscribed, told `lost` (it rescans what
     was said before), and hears the next; one that stops is unsubscribed again."""
     # Subscriptions per channel are Redis's (PUBSUB SHARDNUMSUB); PostgreSQL's one
-    # LISTEN connection per process hears its channel whether or not a worker listens,
-    # and the store drops the notices nobody listens to.
-    redis_like = store_kind in ("redis", "cluster")
+    # LISTEN connection per process (SQLite's socket per process) hears its channel
+    # whether or not a worker listens, and the store drops the notices nobody listens to.
+    redis_like = store_kind not in ("memory", "postgres", "sqlite")
     fresh = make_store()
     rescans = Heard(fresh, notices=False)
     await fresh.start()
@@ -818,25 +1035,29 @@ def on_route(route: str, avoid: KeyRef | None = None) -> KeyRef:
     """A fresh key of `route`, in another Redis bucket than `avoid`'s record."""
     while True:
         r = KeyRef(ref().digest, route, unique("key"))
-        if avoid is None or _bucket(r.digest) != _bucket(avoid.digest):
+        if avoid is None or bucket_of(r.digest) != bucket_of(avoid.digest):
             return r
 
 
-async def test_last_success_is_a_completion_below_500(store: Store) -> None:
-    """Only a completion that took effect with a status below 500 counts: a stored 503,
-    a stale run's refused completion, a release, a check's and an operator's "done"
-    do not (no upstream answered a forward there)."""
+async def test_last_success_is_a_completion_the_upstream_handled(store: Store) -> None:
+    """Only a completion that took effect with an answer that says the upstream handled
+    the request (records.is_success: 2xx, 3xx, 4xx but 408 and 429) counts: a stored
+    503 or 429 (a route may cache them), a stale run's refused completion, a release, a
+    check's and an operator's "done" do not (no upstream answered a forward there)."""
     assert await store.last_successes() == {}
-    failed, stale, checked, by_hand = (on_route(n) for n in ("a", "b", "c", "d"))
-    for r in (failed, stale, checked, by_hand):
+    failed, stale, checked, by_hand, limited = (on_route(n) for n in ("a", "b", "c", "d", "g"))
+    for r in (failed, stale, checked, by_hand, limited):
         await store.claim(r, "run-1", "fp", 30)
     assert await store.complete(failed, "run-1", StoredResponse(503, (), b"down"), 60)
+    assert await store.complete(limited, "run-1", StoredResponse(429, (), b"slow down"), 60)
     assert not await store.complete(stale, "run-2", RESPONSE, 60)
     assert await store.release(stale, "run-1", 60, "test")
     for r in (checked, by_hand):
         assert await store.mark_unresolved(r, "run-1", "read timeout", park=r is by_hand)
     assert await store.begin_check(checked, "run-1", 30, 0)
-    after = await store.end_check(checked, "run-1", "done", {"status": 200}, RESPONSE, 60, 3600)
+    after = await store.end_check(
+        CheckResult(checked, "run-1", "done", {"status": 200}, RESPONSE, 60, 3600)
+    )
     assert after == "completed"
     assert (await store.operator_claim(by_hand, "alice", force=False)).ok
     assert (await store.operator_resolve(by_hand, "alice", "done", "paid", RESPONSE, 60)).ok
@@ -844,9 +1065,11 @@ async def test_last_success_is_a_completion_below_500(store: Store) -> None:
     late = on_route("e")  # a late answer to an unresolved key is still the upstream's
     await store.claim(late, "run-1", "fp", 30)
     assert await store.mark_unresolved(late, "run-1", "read timeout")
-    assert await store.complete(late, "run-1", StoredResponse(404, (), b""), 60)
+    assert await store.complete(late, "run-1", StoredResponse(303, (), b""), 60)
     delivered = on_route("f")
-    assert (await store.accept(delivered, "run-a", "fp", REQUEST, TOKEN)).outcome == "queued"
+    assert (
+        await store.accept(NewDelivery(delivered, "run-a", "fp", REQUEST, TOKEN))
+    ).outcome == "queued"
     assert (await picked(store, delivered)).record is not None
     assert await store.complete(delivered, "run-1", RESPONSE, 60, {"result": "completed"})
     ages = await store.last_successes()
@@ -869,3 +1092,501 @@ async def test_last_success_is_the_latest_of_every_part_of_the_store(store: Stor
     # No more than the time since just before the second completion (to the ms of
     # each clock): the first's age would be 1.5 s more.
     assert 0 <= age <= time.monotonic() - started + 0.01, age
+
+
+# -- the operator roster -------------------------------------------------------------------
+
+
+async def test_an_entry_that_comes_back_is_valid_from_a_new_time(store: Store) -> None:
+    """The roster (store/operator_roster.py): an entry keeps its time while it stays
+    with the same mark, every replica recording the same roster gets the same answer,
+    and an entry that leaves and comes back, or whose mark changes and changes back,
+    gets a time later than every one before: a session stamped with an old time never
+    matches again."""
+    assert await store.roster() == {}
+    first = await store.record_roster({"token:alice": "a1", "token:bob": "b1"})
+    assert set(first) == {"token:alice", "token:bob"}
+    assert (first["token:alice"].mark, first["token:bob"].mark) == ("a1", "b1")
+    assert await store.roster() == first
+    assert await store.record_roster({"token:bob": "b1", "token:alice": "a1"}) == first
+
+    removed = await store.record_roster({"token:bob": "b1"})
+    assert removed == {"token:bob": first["token:bob"]} == await store.roster()
+    back = await store.record_roster({"token:alice": "a1", "token:bob": "b1"})
+    assert back["token:bob"] == first["token:bob"]
+    assert back["token:alice"].mark == "a1"
+    rotated = await store.record_roster({"token:alice": "a2", "token:bob": "b1"})
+    restored = await store.record_roster({"token:alice": "a1", "token:bob": "b1"})
+    times = [r["token:alice"].since_ms for r in (first, back, rotated, restored)]
+    assert times == sorted(set(times)), times  # strictly later each time, same ms or not
+    assert restored["token:bob"] == first["token:bob"]
+
+    odd = {"identity_header:ålice {x}": "a mark with spaces", "token:\\": ""}
+    assert {n: e.mark for n, e in (await store.record_roster(odd)).items()} == odd
+    assert {n: e.mark for n, e in (await store.roster()).items()} == odd
+    assert await store.record_roster({}) == {} == await store.roster()
+
+
+async def test_recordings_at_once_are_applied_one_after_the_other(store: Store) -> None:
+    """Replicas that load configs at the same moment: each recording is applied whole
+    (its answer is exactly the roster it asked for), and an entry that comes back gets
+    a time no earlier answer gave it."""
+    both = {"token:alice": "a", "token:bob": "b"}
+    alone = {"token:alice": "a"}
+    rosters = [both if i % 2 else alone for i in range(16)]
+    answers = await asyncio.gather(*(store.record_roster(r) for r in rosters))
+    for roster, answer in zip(rosters, answers, strict=True):
+        assert {name: entry.mark for name, entry in answer.items()} == roster
+    alice = {answer["token:alice"] for answer in answers}
+    assert len(alice) == 1  # never left: one time throughout
+    bob = sorted({answer["token:bob"].since_ms for answer in answers if "token:bob" in answer})
+    assert all(since >= next(iter(alice)).since_ms for since in bob)
+
+
+async def test_every_process_reads_the_roster_another_recorded(
+    store: Store, make_store: Callable[[], Store], store_kind: str
+) -> None:
+    if store_kind == "memory":
+        pytest.skip("the memory store is one process's")
+    recorded = await store.record_roster({"token:alice": "a"})
+    other = make_store()  # another replica's store: the same prefix
+    await other.start()
+    try:
+        assert await other.roster() == recorded
+        assert await other.record_roster({"token:alice": "a"}) == recorded
+    finally:
+        await other.close()
+
+
+# -- listings: pages from a cursor; counts kept as records move; the queue's bound ----
+
+
+def on(route: str) -> KeyRef:
+    return KeyRef(ref().digest, route, unique("key"))
+
+
+async def open_as(store: Store, state: State, route: str = "r-a") -> KeyRef:
+    """A record of `route` in `state` (unresolved, parked or claimed)."""
+    r = on(route)
+    await store.claim(r, "run-1", "fp", 30)
+    assert await store.mark_unresolved(r, "run-1", "read timeout", park=state is State.PARKED)
+    if state is State.CLAIMED:
+        assert (await store.operator_claim(r, "alice", force=False)).ok
+    return r
+
+
+async def walk(store: Store, states: frozenset[State], limit: int, **filters: Any) -> list[Page]:
+    pages, cursor = [], ""
+    while True:
+        page = await store.list_records(states, cursor=cursor, limit=limit, **filters)
+        pages.append(page)
+        assert len(page.records) <= limit
+        if not page.next:
+            return pages
+        cursor = page.next
+
+
+OPEN = frozenset({State.UNRESOLVED, State.PARKED, State.CLAIMED})
+
+
+async def test_pages_list_every_record_once_in_place_order(store: Store) -> None:
+    """Three states, two routes, pages of 4: each record exactly once, ordered by the
+    time each entered its state (then digest), across states and pages."""
+    made = {}
+    for i in range(15):
+        state = (State.UNRESOLVED, State.PARKED, State.CLAIMED)[i % 3]
+        r = await open_as(store, state, route=("r-a", "r-b")[i % 2])
+        made[r.digest] = state
+    pages = await walk(store, OPEN, 4)
+    rows = [record for page in pages for record in page.records]
+    assert sorted(r.digest for r in rows) == sorted(made)
+    assert {r.digest: r.state for r in rows} == made
+    places = [(r.since_ms, r.digest) for r in rows]
+    assert places == sorted(places)
+    assert [len(p.records) for p in pages][:-1] == [4] * (len(pages) - 1)
+    assert pages[0].prev == "" and pages[-1].next == ""
+    assert all(r.now_ms == page.now_ms for page in pages for r in page.records)
+
+
+async def test_pages_walk_back_with_prev(store: Store) -> None:
+    for i in range(9):
+        await open_as(store, State.PARKED, route=f"r-{i % 3}")
+    forward = await walk(store, OPEN, 2)
+    back, cursor = [], forward[-1].prev
+    while cursor:
+        page = await store.list_records(OPEN, cursor=cursor, limit=2)
+        back.append([r.digest for r in page.records])
+        cursor = page.prev
+    assert back == [[r.digest for r in p.records] for p in reversed(forward[:-1])]
+    # From a page read backwards, `next` goes forward again.
+    again = await store.list_records(OPEN, cursor=forward[1].prev, limit=2)
+    assert [r.digest for r in again.records] == [r.digest for r in forward[0].records]
+    following = await store.list_records(OPEN, cursor=again.next, limit=2)
+    assert [r.digest for r in following.records] == [r.digest for r in forward[1].records]
+
+
+async def test_pages_cover_every_record_exactly_once_while_others_change_state(
+    store: Store,
+) -> None:
+    """Between pages, records move: parked ones are claimed (a listed state: they come
+    again at their new place, which is later), unresolved ones are parked, claimed ones
+    resolved (gone from the listing), and new ones are parked. Every record that stays
+    in its state throughout is listed exactly once; one that moved is listed at most
+    once per state it was in; nothing is skipped."""
+    records = {}
+    for i in range(24):
+        state = (State.UNRESOLVED, State.PARKED, State.CLAIMED)[i % 3]
+        records[(await open_as(store, state, route=("r-a", "r-b")[i % 2])).digest] = state
+    refs = {}
+    seen: list[tuple[str, State]] = []
+    moved: set[str] = set()
+    cursor, turn = "", 0
+    while True:
+        page = await store.list_records(OPEN, cursor=cursor, limit=3)
+        seen += [(r.digest, r.state) for r in page.records]
+        for r in page.records:
+            refs[r.digest] = KeyRef(r.digest, r.route, r.key)
+        if not page.next:
+            break
+        cursor, turn = page.next, turn + 1
+        # Move one record the walk has not reached and one it has passed, each way.
+        listed = {d for d, _ in seen}
+        ahead = [d for d in records if d not in listed and d not in moved]
+        behind = [d for d, _ in seen if d not in moved]
+        for digest in (ahead[:1] + behind[:1]) if turn % 2 else ahead[:2]:
+            state = records[digest]
+            moved.add(digest)
+            r = refs.get(digest) or await _ref_of(store, digest)
+            if state is State.PARKED:
+                assert (await store.operator_claim(r, "bob", force=False)).ok
+            elif state is State.UNRESOLVED:
+                assert await store.park(r, "between pages")
+            else:
+                assert (await store.operator_resolve(r, "alice", "retry", "", None, 60)).ok
+        # A key parked after the page was read: a millisecond later, so its place is
+        # surely after the cursor (in the same millisecond, a smaller digest would put
+        # it before, where the walk has passed).
+        await asyncio.sleep(0.002)
+        records[(await open_as(store, State.PARKED, route="r-c")).digest] = State.PARKED
+    counted: dict[str, list[State]] = {}
+    for digest, state in seen:
+        counted.setdefault(digest, []).append(state)
+    for digest in records:
+        if digest not in moved:
+            assert counted.get(digest) == [records[digest]], digest  # exactly once
+        else:
+            states = counted.get(digest, [])
+            assert len(states) == len(set(states)) <= 2, (digest, states)
+
+
+async def _ref_of(store: Store, digest: str) -> KeyRef:
+    for record in await store.open_records(OPEN):
+        if record.digest == digest:
+            return KeyRef(digest, record.route, record.key)
+    raise AssertionError(digest)
+
+
+async def test_pages_filter_by_state_route_and_age_in_the_store(store: Store) -> None:
+    old = [await open_as(store, State.PARKED, route="r-a") for _ in range(3)]
+    await asyncio.sleep(1.5)
+    young = [await open_as(store, State.PARKED, route="r-a") for _ in range(2)]
+
+    async def listed(states: frozenset[State], **filters: Any) -> list[str]:
+        return [r.digest for p in await walk(store, states, 2, **filters) for r in p.records]
+
+    parked = frozenset({State.PARKED})
+    # First, while the young ones are surely younger than a second.
+    assert sorted(await listed(parked, route="r-a", older_than=1.0)) == sorted(
+        r.digest for r in old
+    )
+    other = await open_as(store, State.PARKED, route="r-b")
+    held = await open_as(store, State.CLAIMED, route="r-a")
+    queued = await accepted(store)
+    assert sorted(await listed(parked, route="r-a")) == sorted(r.digest for r in old + young)
+    assert await listed(parked, route="r-b") == [other.digest]
+    assert await listed(parked, route="nowhere") == []
+    assert await listed(frozenset({State.CLAIMED})) == [held.digest]
+    assert await listed(frozenset({State.QUEUED}), route=queued.route) == [queued.digest]
+    assert await listed(frozenset()) == []
+
+
+async def _redis_evals(store: Store) -> int | None:
+    """EVALSHA calls the store's one Redis server has answered; None for other stores."""
+    if not isinstance(store, RedisStore) or store.cluster:
+        return None
+    stats = await store.client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_eval"))
+
+
+#: In-flight keys too young for the filter, listed before the old ones.
+YOUNG = 30
+
+
+async def test_a_filtered_page_reads_a_bounded_part_and_next_goes_on(store: Store) -> None:
+    """Many records the filter drops come first: in-flight keys too young for
+    `older_than` whose leases end before the old ones'. A page reads at most
+    READ_ROUNDS x (limit + 1) of them: it is short (here empty) with `next` set, its
+    cost bounded however many the filter drops; a walk following `next` (or `prev`)
+    lists every match exactly once, and ends only after the last."""
+    old = [on("r-a") for _ in range(3)]
+    for r in old:
+        await store.claim(r, "run-1", "fp", 600)  # a long lease: listed late
+    await asyncio.sleep(4.5)
+    # Listed first, and too young while the claims and the walks take under 4 s (with room for a
+    # loaded machine and a WAIT for a replica per claim).
+    for _ in range(YOUNG):
+        await store.claim(on("r-a"), "run-1", "fp", 30)
+    flying = frozenset({State.IN_FLIGHT})
+    matches = sorted(r.digest for r in old)
+    for filters in ({"older_than": 4.0}, {"older_than": 4.0, "route": "r-a"}):
+        before = await _redis_evals(store)
+        first = await store.list_records(flying, limit=1, **filters)
+        after = await _redis_evals(store)
+        assert first.records == [] and first.next and not first.prev, filters
+        if before is not None and after is not None:
+            # READ_ROUNDS rounds of a script per bucket (twice at most), not one
+            # round per two young keys.
+            assert after - before <= READ_ROUNDS * 2 * BUCKETS, (filters, after - before)
+        pages = await walk(store, flying, 2, **filters)
+        assert sorted(r.digest for p in pages for r in p.records) == matches, filters
+        assert pages[-1].records, filters  # the walk ends past the last match
+        back = await store.list_records(flying, cursor=pages[-1].prev, limit=2, **filters)
+        shown = [p for p in pages if p.records]
+        assert [r.digest for r in back.records] == [r.digest for r in shown[-2].records]
+        # Walked back from the end to the start, every match once too.
+        seen, cursor = list(pages[-1].records), pages[-1].prev
+        while cursor:
+            page = await store.list_records(flying, cursor=cursor, limit=2, **filters)
+            seen += page.records
+            cursor = page.prev
+        assert sorted(r.digest for r in seen) == matches, filters
+
+
+async def test_waiting_deliveries_and_in_flight_keys_are_listed_at_their_places(
+    store: Store,
+) -> None:
+    """A waiting delivery's place is when it is due; an in-flight key's, when its lease
+    ends: a retry due in a minute comes after one queued now."""
+    later = await accepted(store)
+    await picked(store, later)
+    await store.retry_later(later, "run-1", 60, ATTEMPT)
+    now = await accepted(store)
+    rows = (await store.list_records(frozenset({State.QUEUED, State.RETRYING}))).records
+    assert [(r.digest, r.state) for r in rows] == [
+        (now.digest, State.QUEUED),
+        (later.digest, State.RETRYING),
+    ]
+    long_lease, short_lease = ref(), ref()
+    await store.claim(long_lease, "run-1", "fp", 60)
+    await store.claim(short_lease, "run-1", "fp", 30)
+    flying = (await store.list_records(frozenset({State.IN_FLIGHT}))).records
+    assert [r.digest for r in flying] == [short_lease.digest, long_lease.digest]
+
+
+async def test_a_cursor_no_listing_gave_is_refused(store: Store) -> None:
+    for given in ("nonsense!", "YTox", "a" * 200, "Yjo5OTk5OTk5OTk5OTk5OTk5OTk5OmFi"):
+        with pytest.raises(InvalidCursor):
+            await store.list_records(OPEN, cursor=given)
+    for limit in (0, -1, MAX_PAGE_SIZE + 1):
+        with pytest.raises(ValueError):
+            await store.list_records(OPEN, limit=limit)
+
+
+async def test_counts_follow_every_move(store: Store) -> None:
+    """The counts behind the overview and the gauges, after each kind of move into and
+    out of a counted state, on a route of this test's own."""
+    route = unique("counted")
+
+    async def counts() -> dict[str, int]:
+        found = {str(s.state): s.count for s in await store.stats() if s.route == route}
+        for q in await store.queue_stats():
+            if q.route == route:
+                found |= {"queued": q.queued, "retrying": q.retrying}
+        return {state: n for state, n in found.items() if n}
+
+    a, b, c = on(route), on(route), on(route)
+    for r in (a, b, c):
+        await store.claim(r, "run-1", "fp", 30)
+        assert await store.mark_unresolved(r, "run-1", "read timeout")
+    assert await counts() == {"unresolved": 3}
+    assert await store.complete(c, "run-1", RESPONSE, 60)  # a late answer
+    assert await store.park(b, "test")
+    assert await counts() == {"unresolved": 1, "parked": 1}
+    assert (await store.operator_claim(b, "alice", force=False)).ok
+    assert (await store.operator_claim(a, "bob", force=False)).ok
+    assert (await store.operator_claim(a, "carol", force=True)).ok  # a takeover: still one
+    assert await counts() == {"claimed": 2}
+    assert (await store.operator_resolve(b, "alice", "retry", "", None, 60)).ok
+    assert (await store.operator_resolve(a, "carol", "done", "", RESPONSE, 60)).ok
+    assert await counts() == {}
+    d, e, f = on(route), on(route), on(route)
+    for r in (d, e, f):
+        assert (
+            await store.accept(NewDelivery(r, "run-a", "fp", REQUEST, TOKEN))
+        ).outcome == "queued"
+    assert (await store.accept(NewDelivery(d, "run-b", "fp", REQUEST, TOKEN))).outcome == "exists"
+    assert await counts() == {"queued": 3}
+    assert (await store.pick(route, d, "run-1", 30, 8, "x")).record is not None
+    assert await store.retry_later(d, "run-1", 0, ATTEMPT)
+    assert (await store.pick(route, e, "run-1", 30, 8, "x")).record is not None
+    assert await counts() == {"queued": 1, "retrying": 1}
+    assert await store.mark_unresolved(e, "run-1", "read timeout")
+    assert await counts() == {"queued": 1, "retrying": 1, "unresolved": 1}
+    assert await store.begin_check(e, "run-1", 30, 0)
+    assert (
+        await store.end_check(CheckResult(e, "run-1", "not_done", {}, None, 60, 3600, 0))
+        == "retrying"
+    )
+    assert await counts() == {"queued": 1, "retrying": 2}
+    assert (await store.pick(route, f, "run-2", 30, 0, "x")).why == "exhausted"
+    assert await counts() == {"retrying": 2, "parked": 1}
+    assert (await store.operator_claim(f, "alice", force=False)).ok
+    assert (await store.operator_resolve(f, "alice", "retry", "", None, 60)).ok
+    assert await counts() == {"retrying": 2, "queued": 1}
+    picked_d = await store.pick(route, d, "run-3", 30, 8, "x")
+    assert picked_d.record is not None
+    assert await store.complete(d, "run-3", RESPONSE, 60)
+    assert await counts() == {"retrying": 1, "queued": 1}
+    assert await store.repair_counts([route]) == 0  # nothing drifted
+    assert await counts() == {"retrying": 1, "queued": 1}
+
+
+async def test_counts_give_the_oldest_of_each_state(store: Store) -> None:
+    route = unique("aged")
+    first = await open_as(store, State.PARKED, route=route)
+    await asyncio.sleep(1.2)
+    await open_as(store, State.PARKED, route=route)
+    [parked] = [s for s in await store.stats() if s.route == route]
+    assert parked.count == 2 and parked.oldest_seconds >= 1.2
+    assert (await store.operator_claim(first, "alice", force=False)).ok
+    stats = {s.state: s for s in await store.stats() if s.route == route}
+    assert stats[State.PARKED].count == 1 and stats[State.PARKED].oldest_seconds < 1.2
+    assert stats[State.CLAIMED].count == 1
+
+
+async def test_accept_admits_exactly_the_limit_of_a_burst(store: Store) -> None:
+    """Fifty new keys at once on a route with room for 7: exactly 7 are queued, the
+    rest refused with nothing stored; a repeat of a queued key is "exists" however
+    full the queue; another route has its own room; a pick makes room for one."""
+    route = unique("bounded")
+    burst = [on(route) for _ in range(50)]
+    got = await asyncio.gather(
+        *(
+            store.accept(NewDelivery(r, f"run-{i}", "fp", REQUEST, TOKEN, limit=7))
+            for i, r in enumerate(burst)
+        )
+    )
+    queued = [r for r, a in zip(burst, got, strict=True) if a.outcome == "queued"]
+    assert len(queued) == 7 and sum(a.outcome == "full" for a in got) == 43
+    for r, a in zip(burst, got, strict=True):
+        if a.outcome == "full":
+            assert await store.get(r) is None
+    repeat = await store.accept(NewDelivery(queued[0], "run-x", "fp", REQUEST, TOKEN, limit=7))
+    assert repeat.outcome == "exists"
+    assert (
+        await store.accept(NewDelivery(on(route), "run-y", "fp", REQUEST, TOKEN, limit=7))
+    ).outcome == ("full")
+    assert (
+        await store.accept(NewDelivery(on(unique("other")), "r", "fp", REQUEST, TOKEN, limit=1))
+    ).outcome == ("queued")
+    assert (await store.pick(route, queued[0], "run-p", 30, 8, "x")).record is not None
+    assert (
+        await store.accept(NewDelivery(on(route), "run-z", "fp", REQUEST, TOKEN, limit=7))
+    ).outcome == ("queued")
+    [stat] = [q for q in await store.queue_stats() if q.route == route]
+    assert stat.queued == 7
+
+
+async def test_accepts_that_fail_leave_the_whole_bound(store: Store) -> None:
+    """Accepts that fail in the store (each key's record is a value of the wrong type,
+    so the accept script errors) store nothing and hold no room: after more failures
+    than the bound, a burst still gets the whole bound. (On a Cluster the route's room
+    is taken before the accept script runs, in a call of its own.)"""
+    route = unique("failing")
+    broken = [on(route) for _ in range(5)]
+    if isinstance(store, RedisStore):
+        for r in broken:
+            await store.client.set(store._tag(r.digest) + r.digest, "not a record")
+        for r in broken:
+            with pytest.raises(StoreError):
+                await store.accept(NewDelivery(r, "run-a", "fp", REQUEST, TOKEN, limit=3))
+        await store.client.delete(*(store._tag(r.digest) + r.digest for r in broken))
+    burst = [on(route) for _ in range(5)]
+    got = [
+        await store.accept(NewDelivery(r, "run-b", "fp", REQUEST, TOKEN, limit=3)) for r in burst
+    ]
+    assert [a.outcome for a in got] == ["queued"] * 3 + ["full"] * 2
+
+
+async def test_pages_break_ties_by_digest(store: Store) -> None:
+    """Records parked in one burst share their place (the same millisecond); the walk
+    goes on from the cursor's digest among them: none skipped, none twice."""
+    route = unique("ties")
+    refs = [on(route) for _ in range(60)]
+    await asyncio.gather(*(store.claim(r, "run-1", "fp", 30) for r in refs))
+    await asyncio.gather(*(store.mark_unresolved(r, "run-1", "t", park=True) for r in refs))
+    rows = [
+        r for p in await walk(store, frozenset({State.PARKED}), 7, route=route) for r in p.records
+    ]
+    assert sorted(r.digest for r in rows) == sorted(r.digest for r in refs)
+    places = [(r.since_ms, r.digest) for r in rows]
+    assert places == sorted(places)
+    assert len(places) > len({since for since, _ in places})  # ties there were
+
+
+async def test_repair_mends_counts_and_marks_left_apart(store: Store) -> None:
+    """What a script that failed midway (or a process that died between two writes,
+    on a Cluster) could leave: a count off, an admission mark missing and one too
+    many; and records an older layout kept in one index per state for every route.
+    repair_counts puts each right; a store that counts in the records' own step has
+    nothing to repair."""
+    route = unique("mended")
+    parked = [await open_as(store, State.PARKED, route=route) for _ in range(3)]
+    waiting = [on(route) for _ in range(2)]
+    for r in waiting:
+        assert (
+            await store.accept(NewDelivery(r, "run-a", "fp", REQUEST, TOKEN, limit=5))
+        ).outcome == "queued"
+    if not isinstance(store, RedisStore):
+        assert await store.repair_counts([route]) == 0
+        return
+    client, tag = store.client, store._tag(parked[0].digest)
+    await client.hincrby(tag + "n", f"parked/{route}", 5)  # a count off
+    marks = admission_key(store.prefix, route)
+    await client.zrem(marks, waiting[0].digest)  # a waiting delivery unmarked
+    legacy = on(route)  # a record an older gateway filed in its one index per state
+    await store.claim(legacy, "run-1", "fp", 30)
+    assert await store.mark_unresolved(legacy, "run-1", "t", park=True)
+    ltag = store._tag(legacy.digest)
+    member = f"{legacy.digest}/{route}"
+    score = await client.zscore(f"{ltag}i:parked:{route}", member)
+    await client.zrem(f"{ltag}i:parked:{route}", member)
+    await client.zadd(ltag + "i:parked", {member: score})
+    assert await store.repair_counts([route]) >= 3
+    [stat] = [s for s in await store.stats() if s.route == route]
+    assert stat.count == 4
+    found = await store.list_records(frozenset({State.PARKED}), route=route)
+    assert sorted(r.digest for r in found.records) == sorted(r.digest for r in [*parked, legacy])
+    marked = sorted(text(d) for d in await client.zrange(marks, 0, -1))
+    assert marked == sorted(r.digest for r in waiting)
+    # A mark of nothing that waits, long ago (its delivery picked, then a crash before
+    # the mark went): dropped. The marks' size is what the bound reads.
+    await client.zadd(marks, {"f" * 32: 1})
+    assert await store.repair_counts([route]) == 1
+    assert sorted(text(d) for d in await client.zrange(marks, 0, -1)) == marked
+    assert await store.repair_counts([route]) == 0
+
+
+async def test_a_page_that_drops_an_entry_still_leads_on(store: Store) -> None:
+    """A page drops an index entry whose record it finds gone or moved (deleted behind
+    the store's back, or moved between reading the index and the record): the walk
+    still goes on to every other record. (Only Redis reads the two apart.)"""
+    route = unique("gone")
+    refs = [await open_as(store, State.PARKED, route=route) for _ in range(6)]
+    if not isinstance(store, RedisStore):
+        return
+    first = (await store.list_records(frozenset({State.PARKED}), route=route, limit=2)).records
+    await store.client.delete(store._tag(first[1].digest) + first[1].digest)
+    pages = await walk(store, frozenset({State.PARKED}), 2, route=route)
+    listed = [r.digest for p in pages for r in p.records]
+    assert sorted(listed) == sorted(r.digest for r in refs if r.digest != first[1].digest)

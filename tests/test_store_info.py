@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -16,12 +17,12 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.admin import create_admin_app
-from gateway.app import Gateway
+from gateway.admin.api import create_admin_app
+from gateway.assembly import Gateway
 from gateway.config import StoreConfig
-from gateway.keys import record_digest
-from gateway.records import KeyRef
-from gateway.store.base import StoreInfo
+from gateway.errors import StoreError
+from gateway.keying import record_digest
+from gateway.records import KeyRef, StoreInfo
 from gateway.store.redis import RedisStore
 from tests.conftest import config_for, unique
 from tests.support.servers import Process, RedisServer
@@ -164,6 +165,30 @@ async def test_info_refused_by_an_acl_is_not_taken_for_noeviction(
     assert info.refusal(allow_eviction=True) == ""
 
 
+async def test_readiness_says_an_acl_refusal_in_the_gateways_words(
+    redis_server: RedisServer, upstream: Process, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis user the ACL does not let run INFO: /readyz (no token needed) says what
+    the gateway could not learn and the fix, in its own words; Redis's refusal goes
+    to the log."""
+    caplog.set_level(logging.INFO)
+    user = unique("noinfo")
+    redis_cli(redis_server.port, "acl", "setuser", user, "on", ">pw", "~*", "&*", "+@all", "-info")
+    store = {"url": redis_server.url, "username": user, "password": "pw", "prefix": user + ":"}
+    try:
+        async with admin_of(upstream, store) as admin:
+            ready = await admin.get("/readyz")
+    finally:
+        redis_cli(redis_server.port, "acl", "deluser", user)
+    assert ready.status_code == 503, ready.text
+    said = ready.json()["checks"]["store_eviction"]
+    assert "INFO" in said and "+info" in said and "store.allow_eviction: true" in said, said
+    for driver in ("NOPERM", "permission", "'info'", user):
+        assert driver not in ready.text, (driver, ready.text)
+    logged = [r for r in caplog.records if "no permissions to run the 'info'" in r.getMessage()]
+    assert logged and logged[0].levelno == logging.ERROR, caplog.text
+
+
 def test_the_worst_server_wins() -> None:
     ok = StoreInfo("noeviction", "yes", "a")
     volatile = StoreInfo("volatile-ttl", "yes", "b")
@@ -286,14 +311,20 @@ async def test_a_cluster_loads_a_flushed_script_once_not_once_per_caller(
 
 
 @pytest.mark.cluster
+@pytest.mark.parametrize(
+    "anyio_backend",
+    [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"), "asyncio"],
+)
 async def test_a_cluster_connection_closed_under_commands_is_a_store_error(
     redis_cluster: ClusterSetup,
 ) -> None:
     """redis-py's cluster client closes connections under commands still using them
     (it does so itself after a timeout or a ClusterDownError; aclose() here does the
-    same at once). Those commands failed with AttributeError from inside the driver,
-    which the store did not take for a store error: a 500 with a traceback instead of
-    a 503 (or fail-open). Each call now ends as a record or a StoreError."""
+    same at once). Those commands fail inside the driver with AttributeError (on
+    asyncio's loop) or RuntimeError (on uvloop's, the gateway's: "the handler is
+    closed"), which are no store errors: a 500 with a traceback instead of a 503 (or
+    fail-open), and a delivery worker's queue watch ended on one after a failover.
+    Each call ends as a record or a StoreError, on both loops."""
     nodes = tuple(("127.0.0.1", node.port) for node in redis_cluster.nodes)
     store = RedisStore(
         StoreConfig(cluster_nodes=nodes, prefix=unique("cl") + ":", socket_timeout=2.0)
@@ -312,3 +343,63 @@ async def test_a_cluster_connection_closed_under_commands_is_a_store_error(
         assert await store.get(refs[0]) is None  # and the client works again after
     finally:
         await store.close()
+
+
+@pytest.mark.cluster
+async def test_a_cluster_no_node_answers_is_a_store_error_and_its_listener_lives() -> None:
+    """Every node of a cluster is down: redis-py's cluster client, refreshing its
+    topology, raises RedisClusterException ("cannot be connected"), which is no
+    RedisError. Each call of the store ends as a StoreError (the delivery worker's
+    queue watch, which expects nothing else, ended on it and delivered nothing more),
+    and the notifications listener keeps trying: when the nodes are back, the store
+    answers and its subscription is up again."""
+    cluster = ClusterSetup().start()
+    nodes = tuple(("127.0.0.1", node.port) for node in cluster.nodes)
+    store = RedisStore(
+        StoreConfig(
+            cluster_nodes=nodes,
+            prefix=unique("down") + ":",
+            socket_timeout=1.0,
+            connect_timeout=1.0,
+        )
+    )
+    await store.start()
+    try:
+        await asyncio.wait_for(store.subscribed.wait(), 10)
+        ref = KeyRef(record_digest("r", "", "k"), "r", "k")
+        for node in cluster.nodes:
+            node.kill()
+        calls = {
+            "get": lambda: store.get(ref),
+            "claim": lambda: store.claim(ref, "run", "fp", 30),
+            "queue_stats": store.queue_stats,
+            "stats": store.stats,
+            "due_candidates": lambda: store.due_candidates("r", 10),
+        }
+        outcomes = {}
+        for _ in range(2):  # the first meets a lost connection, the next a refresh
+            for name, call in calls.items():
+                try:
+                    await call()
+                    outcomes[name] = "answered"
+                except Exception as exc:
+                    outcomes[name] = type(exc).__name__
+        assert outcomes == dict.fromkeys(calls, "StoreError"), outcomes
+        await asyncio.sleep(3)  # the listener meets the outage and tries again, in vain
+        for node in cluster.nodes:
+            node.start()
+        deadline = time.monotonic() + 30
+        while "cluster_state:ok" not in redis_cli(cluster.nodes[0].port, "cluster", "info"):
+            assert time.monotonic() < deadline, "the cluster never came back"
+            await asyncio.sleep(0.2)
+        while True:
+            try:
+                assert await store.get(ref) is None
+                break
+            except StoreError:
+                assert time.monotonic() < deadline, "the store never answered again"
+                await asyncio.sleep(0.2)
+        await asyncio.wait_for(store.subscribed.wait(), 15)
+    finally:
+        await store.close()
+        cluster.stop()

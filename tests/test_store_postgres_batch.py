@@ -1,4 +1,4 @@
-"""The PostgreSQL store's group commit (gateway/store/postgres_batch.py): claims and
+"""The PostgreSQL store's group commit (gateway/store/postgres/batch.py): claims and
 completions that queue for a connection together go in one statement, and each caller
 still gets its own answer, as if its statement had run alone.
 
@@ -19,8 +19,9 @@ import pytest
 from gateway.config import StoreConfig
 from gateway.errors import StoreError
 from gateway.records import KeyRef, Record, State, StoredRequest, StoredResponse
+from gateway.store.base import NewDelivery
 from gateway.store.postgres import PostgresStore
-from gateway.store.postgres_batch import Batched
+from gateway.store.postgres.batch import Batched
 from tests.conftest import unique
 from tests.support.postgres import (
     PostgresServer,
@@ -150,7 +151,9 @@ async def test_deliveries_completed_in_one_batch_keep_each_its_own_attempt(
     as text cast in the statement; each record keeps its own."""
     refs = [ref() for _ in range(4)]
     for r in refs:
-        queued = await store.accept(r, "run-a", "fp", StoredRequest("POST", "/j", (), b"{}"), "t")
+        queued = await store.accept(
+            NewDelivery(r, "run-a", "fp", StoredRequest("POST", "/j", (), b"{}"), "t")
+        )
         assert queued.outcome == "queued"
         got = await store.pick(r.route, r, f"run-{r.digest}", 30, 8, "replica")
         assert got.record is not None and got.record.run_id == f"run-{r.digest}"

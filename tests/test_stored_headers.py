@@ -20,7 +20,7 @@ import redis
 import yaml
 
 from gateway.errors import BadResponse
-from gateway.keys import record_digest
+from gateway.keying import record_digest
 from gateway.records import KeyRef, State, StoredResponse
 from gateway.store.redis import BUCKETS
 from tests.conftest import GatewayClient, unique, upstream_count

@@ -75,6 +75,13 @@ def _write_config(
             # The reader's share of an 8 s deadline is 6 s.
             keyed("slow", streamer.url, upstream_timeout="8s"),
             {"name": "open", "match": {"path": "/open/{job}"}, "upstream": streamer.url},
+            # Only test_last_success_is_an_answer_that_arrived_whole uses these two.
+            keyed("gauge", streamer.url, upstream_timeout="30s"),
+            {
+                "name": "gauge-open",
+                "match": {"path": "/gauge-open/{job}"},
+                "upstream": streamer.url,
+            },
         ],
     }
     path = tmp / f"gateway-{port}.yaml"
@@ -140,20 +147,22 @@ def until(condition: Any, what: str, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-def request_bytes(path: str, key: str | None) -> bytes:
+def request_bytes(path: str, key: str | None, close: bool = False) -> bytes:
     lines = [f"POST {path} HTTP/1.1", "host: gateway.test", "content-length: 0"]
     if key is not None:
         lines.append(f"idempotency-key: {key}")
+    if close:
+        lines.append("connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def stalled_caller(port: int, path: str, key: str | None) -> socket.socket:
+def stalled_caller(port: int, path: str, key: str | None, close: bool = False) -> socket.socket:
     """A caller that sends its request and never reads, with a small receive buffer so
     the kernel does not take the answer off the gateway's hands for it."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", port))
-    sock.sendall(request_bytes(path, key))
+    sock.sendall(request_bytes(path, key, close))
     return sock
 
 
@@ -313,6 +322,55 @@ def test_a_caller_that_hangs_up_mid_stream(
         assert repeat.status_code == 200 and repeat.headers["idempotent-body-omitted"] == "true"
     assert upstream_stats(streamer, key)["count"] == 1
     until(lambda: buffered(admin_port) == 0, "the buffered bytes went back to 0")
+
+
+def last_success(admin_port: int, route: str) -> float | None:
+    """The route's `_last_success_timestamp_seconds`, None while it has none."""
+    name = f'idempotency_gateway_last_success_timestamp_seconds{{route="{route}"}}'
+    try:
+        return metric(admin_port, name) or None
+    except AssertionError:
+        return None  # no forward on the route yet
+
+
+def test_last_success_is_an_answer_that_arrived_whole(
+    gateway: tuple[Process, int], streamer: Process, ledger: Ledger
+) -> None:
+    """The last-success gauge (what the NoRecentSuccess alert watches) counts an answer
+    once it is whole. A 200 streamed and cut off after its head is an unknown outcome,
+    not a success: the gauge stays unset, keyed route or passthrough. A streamed 200 is
+    a success at its end: not while its caller still holds the body back."""
+    process, admin_port = gateway
+    size, cut = 4 * MiB, 2 * MiB
+    for route in ("gauge", "gauge-open"):
+        sock = socket.create_connection(("127.0.0.1", process.port))
+        try:
+            sock.sendall(request_bytes(f"/{route}/job?size={size}&cut={cut}", unique("cut")))
+            raw, closed = read_to_close(sock)
+        finally:
+            sock.close()
+        assert closed and split_response(raw)[0] == 200  # the head came, then the cut
+    cut_off = {route: last_success(admin_port, route) for route in ("gauge", "gauge-open")}
+    key, size = unique("held"), 16 * MiB
+    sock = stalled_caller(process.port, f"/gauge-open/job?size={size}", key, close=True)
+    try:
+        until(lambda: upstream_stats(streamer, key)["sent"] > 0, "the body began")
+        time.sleep(0.5)  # the gateway has the head and parts of the body
+        while_held = last_success(admin_port, "gauge-open")
+        raw, closed = read_to_close(sock)
+    finally:
+        sock.close()
+    ledger.record(
+        AREA,
+        "last success counted at the body's end",
+        requests=3,
+        faults=2,
+        detail=f"cut off: {cut_off}; while the caller held the body back: {while_held}",
+    )
+    assert cut_off == {"gauge": None, "gauge-open": None}
+    assert while_held is None
+    assert len(split_response(raw)[2]) == size
+    until(lambda: last_success(admin_port, "gauge-open") is not None, "the success counted")
 
 
 # -- read normally -----------------------------------------------------------------------

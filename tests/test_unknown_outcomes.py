@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.admin import create_admin_app
-from gateway.keys import record_digest
+from gateway.admin.api import create_admin_app
+from gateway.keying import record_digest
 from gateway.records import KeyRef, Record, State
 from tests.conftest import GatewayClient, unique, upstream_count
 from tests.support.servers import Process

@@ -1,4 +1,4 @@
-"""The gateway's upstream client (gateway/upstream.py) against a real socket server on
+"""The gateway's upstream client (gateway/upstream/client.py) against a real socket server on
 loopback that answers each request with the raw bytes a test chose: framing (length,
 chunked, until-close, HEAD, 1xx), the keep-alive pool (reuse, limit, idle expiry, a
 closed connection never reused), and what is refused before a byte leaves. How broken

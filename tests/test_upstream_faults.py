@@ -95,6 +95,19 @@ def _config(tmp: Path, raw: Process, redis: RedisServer) -> tuple[Path, int]:
                 "upstream": f"http://127.0.0.1:{REFUSED_PORT}",
             },
             route("storm", upstream_timeout="10s"),
+            route(
+                "later",
+                upstream_timeout="1500ms",
+                delivery="async",
+                retry={"attempts": 3, "backoff": "100ms"},
+            ),
+            {
+                "name": "open",
+                "match": {"path": "/open/{job}"},
+                "upstream": raw.url,
+                "upstream_timeout": "1500ms",
+                "max_stored_body": "1KiB",
+            },
         ],
     }
     path = tmp / f"gateway-{port}.yaml"
@@ -292,6 +305,93 @@ async def test_broken_answer_is_never_resent(
     assert problem(repeat, 409, "outcome-pending")["state"] == "parked"
     assert record is not None and record.state is State.PARKED
     assert record.reason.startswith(reason), record.reason
+    assert runs == 1
+
+
+# -- a status line that is no HTTP status ----------------------------------------------
+
+
+async def _answer_or_none(
+    client: httpx.AsyncClient, path: str, params: dict[str, str], key: str
+) -> httpx.Response | None:
+    """The gateway's answer, or None when the connection ended without one."""
+    try:
+        return await client.post(path, params=params, headers=key_header(key))
+    except httpx.TransportError:
+        return None
+
+
+@pytest.mark.parametrize("status", [600, 999])
+@pytest.mark.parametrize("size", [0, 64 * 1024], ids=["whole", "streamed"])
+@pytest.mark.parametrize("route", ["jobs", "open"])
+async def test_a_status_outside_100_to_599_is_an_unknown_outcome(
+    client: httpx.AsyncClient,
+    raw: Process,
+    redis_server: RedisServer,
+    ledger: Ledger,
+    route: str,
+    size: int,
+    status: int,
+) -> None:
+    """`HTTP/1.1 600 Status` is no HTTP answer (RFC 9110 15: 100 to 599): the request
+    was sent and what came back cannot be understood, so its outcome is unknown, as
+    for any other answer the gateway cannot read. The caller gets 504 (a key's
+    repeat, 409), never zero bytes; the job is not run again. The same for a body
+    large enough to be streamed (jobs and open store 1 KiB)."""
+    key = unique(f"s{status}")
+    params = {"status": str(status), "fail": "1"} | ({"size": str(size)} if size else {})
+    answer = await _answer_or_none(client, f"/{route}/odd", params, key)
+    repeat = await _answer_or_none(client, f"/{route}/odd", params, key)
+    runs = (await upstream_stats(raw, key))["count"]
+    keyed = route == "jobs"
+    record = await read_record(redis_server, PREFIX, route, key) if keyed else None
+    note(
+        ledger,
+        f"status {status} on a {'keyed' if keyed else 'passthrough'} route"
+        + (" (streamed)" if size else ""),
+        runs if keyed else 1,
+        requests=2,
+        records_lost=lost_unless_parked(record) if keyed else 0,
+        detail=f"raw upstream: HTTP/1.1 {status} with a {size}-byte body",
+    )
+    assert answer is not None, "the caller got no answer"
+    doc = problem(answer, 504, "outcome-unknown")
+    assert f"answered {status}" in doc["detail"] and "upstream_status" not in doc, doc
+    assert repeat is not None, "the repeat got no answer"
+    if keyed:
+        assert problem(repeat, 409, "outcome-pending")["state"] == "parked"
+        assert record is not None and record.state is State.PARKED
+        assert runs == 1
+    else:
+        assert repeat.status_code == 200 and runs == 2  # passthrough: each request runs
+
+
+@pytest.mark.parametrize("status", [600, 999])
+async def test_a_delivery_answered_outside_100_to_599_is_never_attempted_again(
+    client: httpx.AsyncClient,
+    raw: Process,
+    redis_server: RedisServer,
+    ledger: Ledger,
+    status: int,
+) -> None:
+    """An async route's attempt answered 600: the attempt's outcome is unknown, so the
+    delivery is parked for a person, never retried like a 5xx."""
+    key = unique(f"d{status}")
+    accepted = await client.post(
+        "/later/odd", params={"status": str(status), "fail": "1"}, headers=key_header(key)
+    )
+    assert accepted.status_code == 202, accepted.text
+    record = await until_state(redis_server, PREFIX, "later", key, State.PARKED)
+    await asyncio.sleep(0.5)  # five backoffs: a retry would have gone out by now
+    runs = (await upstream_stats(raw, key))["count"]
+    note(
+        ledger,
+        f"status {status} on a delivery",
+        runs,
+        requests=1,
+        detail=f"raw upstream: HTTP/1.1 {status} to the first attempt",
+    )
+    assert f"answered {status}" in record.reason, record.reason
     assert runs == 1
 
 

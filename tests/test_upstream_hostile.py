@@ -1,4 +1,4 @@
-"""A misbehaving upstream against the gateway's upstream client (gateway/upstream.py):
+"""A misbehaving upstream against the gateway's upstream client (gateway/upstream/client.py):
 bytes after an answer's end, a connection closed as it is handed on, a keep-alive that
 races the gateway's, trailers and Connection-named headers, a head that never ends, a
 TLS body cut without close_notify.
@@ -26,12 +26,12 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app import Gateway
+from gateway.assembly import Gateway
 from gateway.config import ServerConfig, parse_config
 from gateway.errors import ConfigError, NotSent, OutcomeLost
-from gateway.exchange import MAX_RESPONSE_FIELDS, MAX_RESPONSE_HEAD
 from gateway.store.memory import MemoryStore
 from gateway.upstream import Upstream
+from gateway.upstream.parser import MAX_RESPONSE_FIELDS, MAX_RESPONSE_HEAD
 from tests.conftest import GatewayClient, config_for, unique
 from tests.support.loops import anyio_backend  # noqa: F401  (uvloop and asyncio)
 from tests.test_upstream import _self_signed
@@ -281,7 +281,7 @@ async def test_a_response_after_a_204_is_never_the_next_answer(
 async def test_answer_out_of_step_with_its_framing_is_not_reused(
     serve: Callable[[Handler], RawServer], client: Upstream, first: bytes
 ) -> None:
-    """What may be reused (_Exchange.reusable): not a connection whose answer was
+    """What may be reused (Exchange.reusable): not a connection whose answer was
     followed by anything in the same read, nor a 204/304 that announces a body."""
 
     async def handler(peer: Peer) -> None:
@@ -310,6 +310,30 @@ async def test_interim_answer_announcing_a_body_is_an_unknown_outcome(
     server = serve(handler)
     with pytest.raises(OutcomeLost, match=f"interim {status} answer announces a body"):
         await post(client, server.url + "/")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"HTTP/1.1 600 X", b"HTTP/1.1 999 X", b"HTTP/1.1 600", b"HTTP/1.1 000 X", b"HTTP/1.1 099 X"],
+    ids=["600", "999", "600-no-reason", "000", "099"],
+)
+async def test_a_status_outside_100_to_599_is_an_unknown_outcome(
+    serve: Callable[[Handler], RawServer], client: Upstream, line: bytes
+) -> None:
+    """llhttp reads any three digits as a status. Outside 100 to 599 (RFC 9110 15) it
+    is no answer: not a final one to store or release on (600), nor an interim one to
+    wait past (000, 099). Sent, and not understood: the outcome is unknown, at once."""
+
+    async def handler(peer: Peer) -> None:
+        await peer.request()
+        await peer.send(line + b"\r\ncontent-length: 2\r\n\r\nok" + answer(200, b"real"))
+        await asyncio.sleep(5)
+
+    server = serve(handler)
+    status = line.split(b" ")[1].decode()
+    with pytest.raises(OutcomeLost, match=f"answered {status}, which is no HTTP status") as lost:
+        await post(client, server.url + "/", deadline=2)
+    assert lost.value.status is None
 
 
 @pytest.mark.parametrize(

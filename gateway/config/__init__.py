@@ -10,13 +10,13 @@ The package, by file: `model` (the whole file, server, admin), `store`, `routes`
 types: durations, sizes, names; statuses, methods, headers, request parts, networks),
 `addresses` (listen addresses, URLs), `paths` and
 `templates` (the path pattern and key template grammars, which the router and
-gateway.keys use too), `sections` (how a YAML mapping becomes settings), `issues`
+gateway.keying use too), `sections` (how a YAML mapping becomes settings), `issues`
 (problems and their messages), `loading` (YAML, positions, ${VAR}), `summary`
 (`check-config`'s text) and `schema` (the JSON Schema of the file).
 """
 
 from gateway.config.addresses import mask_url
-from gateway.config.admin import AdminConfig, OperatorConfig
+from gateway.config.admin import CREDENTIAL_HEADERS, AdminConfig, OperatorConfig
 from gateway.config.delivery import DeliveryConfig, DeliveryMode, RetryConfig
 from gateway.config.http import DEFAULT_CACHE_STATUSES, REQUEST_PARTS, IPNetwork
 from gateway.config.keys import (
@@ -41,6 +41,7 @@ from gateway.config.types import (
 from gateway.config.units import parse_duration, parse_size
 
 __all__ = [
+    "CREDENTIAL_HEADERS",
     "DEFAULT_CACHE_STATUSES",
     "HASH_KEY_LENGTH",
     "REQUEST_PARTS",

@@ -10,11 +10,12 @@ from typing import Annotated
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from gateway.config.issues import Problems, raise_at
-from gateway.config.templates import TEMPLATE_TOKEN_RE, split_placeholders
+from gateway.config.templates import TEMPLATE_TOKEN_RE, split_placeholders, url_template
 from gateway.config.text import show
 from gateway.config.types import Check, items, text
+from gateway.digits import whole_number
 
-_STORE_SCHEMES = ("memory", "redis", "rediss", "unix", "postgresql", "postgres")
+_STORE_SCHEMES = ("memory", "redis", "rediss", "unix", "postgresql", "postgres", "sqlite")
 _SECRET_PARAMS = {"password", "pass", "pwd", "secret", "token", "auth"}
 
 
@@ -22,7 +23,8 @@ def parse_listen(text: str) -> tuple[str, int]:
     """Splits "host:port" or "[v6]:port"; raises ValueError saying what to write."""
     hint = 'write host:port, e.g. "127.0.0.1:8080", "0.0.0.0:8080" or "[::1]:8080"'
     host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
+    port = whole_number(port_text, 5)
+    if not sep or not host or port is None:
         raise ValueError(f"{show(text)} is not an address; {hint}")
     if host.startswith("["):
         if not host.endswith("]") or len(host) < 3:
@@ -30,7 +32,6 @@ def parse_listen(text: str) -> tuple[str, int]:
         host = host[1:-1]
     elif ":" in host:
         raise ValueError(f"{show(text)} has an IPv6 host without brackets; {hint}")
-    port = int(port_text)
     if not 1 <= port <= 65535:
         raise ValueError(f"port {port} in {show(text)} is not from 1 to 65535; {hint}")
     return host.lower(), port
@@ -90,8 +91,8 @@ def mask_url(url: str) -> str:
 
 def store_url_problem(url: str) -> str | None:
     example = (
-        "e.g. memory://, redis://127.0.0.1:6379/0, unix:///run/redis.sock or "
-        "postgresql://gateway@127.0.0.1:5432/gateway"
+        "e.g. memory://, redis://127.0.0.1:6379/0, unix:///run/redis.sock, "
+        "postgresql://gateway@127.0.0.1:5432/gateway or sqlite:///var/lib/gateway/gateway.db"
     )
     shown = show(mask_url(url))  # the message ends up in logs: never the password
     try:
@@ -101,13 +102,13 @@ def store_url_problem(url: str) -> str | None:
         return f"{shown} is not a URL ({exc}); write {example}"
     if parts.scheme not in _STORE_SCHEMES or "://" not in url:
         message = f"{shown}: the store URL must start with memory://, redis://, "
-        message += f"rediss://, unix://, postgresql:// or postgres://; write {example}"
+        message += f"rediss://, unix://, postgresql://, postgres:// or sqlite://; write {example}"
         close = difflib.get_close_matches(parts.scheme, _STORE_SCHEMES, n=1)
         return message + (f'; did you mean "{close[0]}://"?' if close and parts.scheme else "")
     if parts.scheme in ("redis", "rediss"):
         if not parts.hostname:
             return f"{shown} has no host; write e.g. {parts.scheme}://127.0.0.1:6379/0"
-        if parts.path.strip("/") and not parts.path.strip("/").isdigit():
+        if parts.path.strip("/") and whole_number(parts.path.strip("/")) is None:
             return f"{shown}: the path must be a database number, e.g. /0"
     if parts.scheme in ("postgresql", "postgres"):
         if not parts.hostname and "host=" not in parts.query:
@@ -117,8 +118,22 @@ def store_url_problem(url: str) -> str | None:
             )
         if not parts.path.strip("/"):
             return f"{shown} names no database; write e.g. {parts.scheme}://127.0.0.1/gateway"
+    if parts.scheme == "sqlite":
+        return _sqlite_problem(url, shown)
     if parts.scheme == "unix" and (parts.netloc.rpartition("@")[2] or not parts.path):
         return f"{shown}: write the socket path after three slashes: unix:///run/redis.sock"
+    return None
+
+
+def _sqlite_problem(url: str, shown: str) -> str | None:
+    """A `sqlite://` URL is the file's path after the scheme, as written: absolute
+    after three slashes, else relative to the working directory."""
+    path = url.removeprefix("sqlite://")
+    example = "sqlite:///var/lib/idempotency-gateway/gateway.db (or sqlite://gateway.db)"
+    if not path or path.endswith("/"):
+        return f"{shown} names no file; write e.g. {example}"
+    if any(char in path for char in "?#") or any(ord(char) < 32 for char in path):
+        return f"{shown}: the path may not hold ?, # or control characters; write e.g. {example}"
     return None
 
 
@@ -165,18 +180,29 @@ def _store_url(value: object) -> str:
     return url
 
 
-RECONCILE_EXAMPLE = "{url: 'http://127.0.0.1:5000/jobs/{key}/status', done: [200], not_done: [404]}"
+RECONCILE_EXAMPLE = (
+    "{url: 'http://127.0.0.1:5000/jobs/status?key={key}', done: [200], not_done: [404]}"
+)
+_RECONCILE_QUERY_FORM = "http://127.0.0.1:5000/jobs/status?key={key}"
 
 
 def _reconcile_url(value: object) -> str:
     if value is None:
-        raise ValueError(f"missing; write e.g. url: {RECONCILE_EXAMPLE[6:41]}")
+        raise ValueError(f"missing; write e.g. url: {_RECONCILE_QUERY_FORM}")
     url = text(value)
     names, found = split_placeholders(url)
     for name in names:
         if name not in ("key", "route", "run_id"):
             found.append(f"unknown placeholder {{{name}}}; use {{key}}, {{route}} or {{run_id}}")
-    problem = check_http_url(TEMPLATE_TOKEN_RE.sub("x", url), allow_query=True)
+    if not found:
+        for slot in url_template(url).slots:
+            if slot.place == "authority":
+                found.append(
+                    f"{{{slot.name}}} is in the URL's scheme, host or port, where a value "
+                    "would choose where the check goes; put it in the path or the query, "
+                    f"e.g. {_RECONCILE_QUERY_FORM}"
+                )
+    problem = None if found else check_http_url(TEMPLATE_TOKEN_RE.sub("x", url), allow_query=True)
     problems = Problems()
     for message in [*found, *([problem] if problem else [])]:
         problems.add((), message)
@@ -184,14 +210,47 @@ def _reconcile_url(value: object) -> str:
     return url
 
 
+def reconcile_url_warning(url: str) -> str | None:
+    """Why an accepted reconcile URL may leave keys unchecked, or None: `{key}` in the
+    path, where a key that is `.` or `..` or holds `/` cannot be placed (see
+    gateway.config.templates), so its check is never sent and it parks."""
+    slot = next((s for s in url_template(url).slots if s.name == "key"), None)
+    if slot is None or slot.place != "path":
+        return None
+    where = "stands alone as a path segment" if slot.whole_segment else "is in the path"
+    return (
+        f"{{key}} {where}: a key that is . or .. or holds / or \\ (in any spelling) "
+        "would send the check to another URL, so such a key is never checked and parks "
+        f"after park_after; the query is the safe place, e.g. {_RECONCILE_QUERY_FORM}"
+    )
+
+
 _ADDRESS = {"type": "string", "pattern": r"^(\[[0-9A-Fa-f:.]+\]|[^:\[\]]+):[0-9]{1,5}$"}
 _HTTP = {"type": "string", "pattern": "^https?://"}
-_STORE = {"type": "string", "pattern": "^(memory|redis|rediss|unix|postgresql|postgres)://"}
+_STORE = {
+    "type": "string",
+    "pattern": "^(memory|redis|rediss|unix|postgresql|postgres|sqlite)://",
+}
 
-ListenAddress = Annotated[str, Check(_listen, _ADDRESS)]
+ListenAddress = Annotated[str, Check(_listen, _ADDRESS, written="`host:port`")]
 HostPorts = Annotated[
-    tuple[tuple[str, int], ...], Check(_nodes, {"type": "array", "items": _ADDRESS, "minItems": 1})
+    tuple[tuple[str, int], ...],
+    Check(
+        _nodes, {"type": "array", "items": _ADDRESS, "minItems": 1}, written="list of `host:port`"
+    ),
 ]
-UpstreamUrl = Annotated[str, Check(_upstream, _HTTP)]
-StoreUrl = Annotated[str, Check(_store_url, _STORE)]
-ReconcileUrl = Annotated[str, Check(_reconcile_url, _HTTP)]
+UpstreamUrl = Annotated[str, Check(_upstream, _HTTP, written="http(s) URL")]
+#: A store URL; the reference shows a bare `sqlite://` file as the loader places the
+#: default one, in the config file's directory.
+StoreUrl = Annotated[
+    str,
+    Check(
+        _store_url,
+        _STORE,
+        written="URL",
+        show=lambda url: re.sub(r"^sqlite://(?!/)", "sqlite://<config file's directory>/", url),
+    ),
+]
+ReconcileUrl = Annotated[
+    str, Check(_reconcile_url, _HTTP, written="http(s) URL with `{key}`, `{route}`, `{run_id}`")
+]

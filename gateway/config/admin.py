@@ -15,23 +15,25 @@ from __future__ import annotations
 
 import re
 from dataclasses import field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import TypeAdapter
 
 from gateway.config.addresses import ListenAddress
 from gateway.config.credentials import MIN_SECRET, MIN_TOKEN, read_secret, secret_problem
-from gateway.config.http import Networks
+from gateway.config.http import HeaderNames, Networks, QueryNames
 from gateway.config.issues import Problems
 from gateway.config.sections import Section, settings
 from gateway.config.text import show
-from gateway.config.types import AdminToken, Check, text
+from gateway.config.types import AdminToken, Check, either, text
 
 RoleName = Literal["viewer", "operator"]
 
 _OPERATOR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HEADER = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: Request headers whose values no operator sees: admin.show_headers cannot list them.
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 #: Headers a proxy cannot vouch for a person with: they are the caller's own.
 _NOT_IDENTITY = {"authorization", "cookie", "host", "proxy-authorization", "forwarded"}
 
@@ -93,26 +95,50 @@ def _header_name(value: object) -> str:
 
 _NAME_SCHEMA = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}$"}
 _ENV_SCHEMA = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
-OperatorName = Annotated[str, Check(_operator_name, _NAME_SCHEMA)]
-EnvName = Annotated[str, Check(_env_name, _ENV_SCHEMA)]
-OptionalEnvName = Annotated[str, Check(_optional_env_name, {"type": ["string", "null"]})]
+OperatorName = Annotated[str, Check(_operator_name, _NAME_SCHEMA, written="name")]
+EnvName = Annotated[str, Check(_env_name, _ENV_SCHEMA, written="environment variable name")]
+OptionalEnvName = Annotated[
+    str,
+    Check(_optional_env_name, {"type": ["string", "null"]}, written="environment variable name"),
+]
 IdentityHeader = Annotated[
-    str, Check(_header_name, {"type": ["string", "null"], "description": "X-Auth-Request-User"})
+    str,
+    Check(
+        _header_name,
+        {"type": ["string", "null"], "description": "X-Auth-Request-User"},
+        written="header name",
+    ),
 ]
 
 
 @settings
 class OperatorConfig(Section):
+    """A person who uses the operator API or the console, with a token of their own,
+    read from the environment (`token_env`) or a file (`token_file`) when the config
+    loads or reloads; give exactly one. `idempotency-gateway keygen` makes a token (at
+    least 16 characters). The record keeps the authenticated name, so a history's
+    "claimed by alice" is true."""
+
     example = "{name: alice, role: operator, token_env: ALICE_TOKEN}"
     none_is_empty = False
 
     name: OperatorName
-    #: viewer: reads; operator: also claims and resolves
-    role: Annotated[RoleName, Check(_role, {"enum": ["viewer", "operator"]})]
-    token_env: OptionalEnvName = ""  # the variable holding the token
-    token_file: Annotated[str, Check(_optional_text, {"type": "string"})] = ""
-    #: read from token_env or token_file when the config loads; never from the file
+    """The operator's name, as records, logs and the console show it, and as
+    `identity_header` names them (a user name, or an email): letters, digits and
+    `_ . @ + -`, up to 100 characters."""
+    role: Annotated[
+        RoleName, Check(_role, {"enum": ["viewer", "operator"]}, written=either(get_args(RoleName)))
+    ]
+    """`viewer` reads; `operator` also claims and resolves keys."""
+    token_env: OptionalEnvName = ""
+    """The environment variable holding this operator's token (`ALICE_TOKEN`, never
+    `${ALICE_TOKEN}`: that would write the token itself into the config)."""
+    token_file: Annotated[str, Check(_optional_text, {"type": "string"}, written="file path")] = ""
+    """A file holding this operator's token, a mounted secret say; a trailing newline
+    is not part of it."""
     token: str = field(default="", repr=False)
+    """Read from `token_env` or `token_file` when the config loads; never from the
+    file."""
 
     @classmethod
     def yaml_names(cls) -> tuple[str, ...]:
@@ -166,7 +192,9 @@ def _operators(value: object) -> tuple[OperatorConfig, ...]:
     return tuple(found)
 
 
-_OPERATOR_SCHEMA = {
+#: An operator's mapping, as the JSON Schema describes it (gateway.config.schema adds
+#: each setting's description).
+OPERATOR_SCHEMA = {
     "type": "object",
     "properties": {
         "name": _NAME_SCHEMA,
@@ -180,33 +208,65 @@ _OPERATOR_SCHEMA = {
 }
 Operators = Annotated[
     tuple[OperatorConfig, ...],
-    Check(_operators, {"anyOf": [{"type": "array", "items": _OPERATOR_SCHEMA}, {"type": "null"}]}),
+    Check(
+        _operators,
+        {"anyOf": [{"type": "array", "items": OPERATOR_SCHEMA}, {"type": "null"}]},
+        written="list of operators",
+    ),
 ]
 
 
 @settings
 class AdminConfig(Section):
+    """`admin:`, the admin listener's settings (described at `Config.admin`)."""
+
     example = "admin: {...}"
 
     listen: ListenAddress = "127.0.0.1:9090"
-    #: the shared token of scripts (empty, and no operators: the operator API is off)
+    """The admin listener's address: `/healthz`, `/readyz`, `/metrics`, the operator
+    API under `/admin/` and the console under `/console/`. Its own port, never
+    `server.listen`'s; keep it on an address only operators (or their single-sign-on
+    proxy) reach."""
     token: AdminToken = field(default="", repr=False)
-    #: people, each with a token of their own and a role
+    """The shared token of scripts (write `${GATEWAY_ADMIN_TOKEN}`). It proves no name:
+    an action taken with it is recorded under the `operator` the call gives, marked
+    `(shared token)`, and it does not open the console. With neither this nor
+    `operators`, the operator API is off and the log says so."""
     operators: Operators = ()
-    #: behind a single-sign-on proxy: the header it names the signed-in operator in
+    """People, each with a name, a role and a token of their own (below)."""
     identity_header: IdentityHeader = ""
-    #: the addresses identity_header is believed from (that proxy's)
+    """Behind a single-sign-on proxy (oauth2-proxy, say): the header that proxy names
+    the signed-in operator in, e.g. `X-Auth-Request-User`. It must name one of
+    `operators`, and is believed only from `trusted_proxies`; from anywhere else it is
+    ignored."""
     trusted_proxies: Networks = ()
-    #: the environment variable holding the console's cookie-signing secret
+    """The addresses `identity_header` is believed from: the single-sign-on proxy's, and
+    no other (anything else that can connect from there could send the header too).
+    Such a proxy's `X-Forwarded-Proto: https` also marks the console's cookie
+    `Secure`. Only with `identity_header`; `X-Forwarded-For` never makes an address
+    trusted."""
     session_secret_env: OptionalEnvName = ""
-    #: read from session_secret_env when the config loads
+    """The environment variable holding the console's cookie-signing secret: at least
+    32 bytes (`idempotency-gateway keygen` makes one), the same on every replica. A new
+    secret signs everyone out. Unset: the console is off."""
     session_secret: str = field(default="", repr=False)
+    """Read from `session_secret_env` when the config loads; never from the file."""
+    show_headers: HeaderNames = frozenset()
+    """Header names whose values operators see in a delivery's stored request and a
+    stored response, besides `content-type`, `content-length`, `user-agent` and the
+    route's key header (a response: its content, date and caching headers too); every
+    other value is shown hidden, with its length. Credential headers (`Authorization`,
+    `Proxy-Authorization`, `Cookie`) cannot be named."""
+    show_query: QueryNames = frozenset()
+    """Query parameter names whose values operators see in a delivery's stored request,
+    besides the route's key parameter, as they read decoded (case counts); every
+    other value is shown hidden, with its length, names and order kept."""
 
     @classmethod
     def yaml_names(cls) -> tuple[str, ...]:
         return (
             "listen", "token", "operators", "identity_header", "trusted_proxies",
-            "session_secret_env",
+            "session_secret_env", "show_headers", "show_query",
         )  # fmt: skip
 
     @classmethod
@@ -238,6 +298,8 @@ class AdminConfig(Section):
                 "are the proxies admin.identity_header is believed from; set identity_header "
                 "too (e.g. X-Auth-Request-User), or remove trusted_proxies",
             )
+        for name in sorted(CREDENTIAL_HEADERS & (values.get("show_headers") or frozenset())):
+            problems.add(("show_headers",), f"{name} carries credentials and is always hidden")
         env = values.get("session_secret_env")
         if not env:
             return {}

@@ -19,13 +19,23 @@ DeliveryMode = Literal["sync", "async"]
 
 @settings
 class RetryConfig(Section):
-    """When a delivery that was never sent, or answered a status not cached, runs again."""
+    """When a delivery that was never sent, or answered a status not in
+    `cache_statuses`, is attempted again. Before attempt n the gateway waits a delay
+    drawn from 0 to min(`max_backoff`, `backoff` x 2^(n-2)) (full jitter), or the
+    upstream's `Retry-After` if it sent one, capped by `max_backoff`. An attempt whose
+    outcome is unknown is never retried: `on_unknown_outcome` decides. `explain` prints
+    the first delays."""
 
     example = "retry: {attempts: 8, backoff: 2s, max_backoff: 10m}"
 
-    attempts: Annotated[int, Whole(1, 1000)] = 8  # in all, the first included
+    attempts: Annotated[int, Whole(1, 1000)] = 8
+    """Attempts in all, the first included; after the last, the delivery is parked for
+    an operator."""
     backoff: Duration = 2.0
+    """The ceiling of the first retry's delay, doubled for each retry after it."""
     max_backoff: Duration = 600.0
+    """The longest delay before an attempt, `Retry-After` included; at least
+    `backoff`."""
 
     @classmethod
     def check(
@@ -50,15 +60,29 @@ class RetryConfig(Section):
 
 @settings
 class DeliveryConfig(Section):
-    """`sync`: the caller waits for the upstream. `async`: the caller gets 202 and a
-    status URL at once; the gateway delivers the request, retrying per `retry`."""
+    """How the route's requests reach the upstream. `delivery: async` is short for
+    `{mode: async}`. On an async route a new key is stored and queued in one store round
+    trip and answered 202 at once, with the status URL in `Location` and the body's
+    `status_url`; a worker of any replica delivers it, retrying per `retry`. A repeat
+    gets the same 202 with the current state (`Idempotent-Replayed: true`)."""
 
     example = "delivery: async   (or {mode: async, concurrency: 4, max_queued: 10000})"
+    written = "`sync`, `async`, or a mapping"
 
     mode: Annotated[DeliveryMode, OneOf()] = "sync"
-    concurrency: Annotated[int, Whole(1, 1000)] = 4  # per route, per process
-    max_queued: Annotated[int, Whole(1, 10_000_000)] = 10_000  # queued + retrying
-    drop_headers: HeaderNames = frozenset()  # request headers never stored
+    """`sync`: the caller waits for the upstream's answer. `async`: the gateway
+    delivers."""
+    concurrency: Annotated[int, Whole(1, 1000)] = 4
+    """Attempts of this route under way at once, per process; every process also
+    counts them toward its `server.max_deliveries`. An upstream sees at most this
+    times the number of processes."""
+    max_queued: Annotated[int, Whole(1, 10_000_000)] = 10_000
+    """Deliveries of this route waiting, queued plus retrying over all replicas. At it,
+    new keys get 503 `queue-full` with `Retry-After: 30`; repeats of accepted keys
+    still get their 202."""
+    drop_headers: HeaderNames = frozenset()
+    """Request headers never stored with a queued request, so never delivered. The key
+    header is re-added at each attempt."""
 
     @classmethod
     def check(

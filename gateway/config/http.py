@@ -12,15 +12,15 @@ from gateway.config import units
 from gateway.config.issues import raise_at
 from gateway.config.text import show
 from gateway.config.types import Check, is_token, items, list_schema
+from gateway.records import SUCCESS_STATUSES
 
 #: Request parts a `hash` key or a `fingerprint` may be computed from.
 #: `header.<Name>` is accepted too.
 REQUEST_PARTS = ("method", "path", "query", "body")
 
 
-DEFAULT_CACHE_STATUSES = frozenset(
-    s for s in range(200, 500) if (s < 300 or s >= 400) and s not in (408, 429)
-)
+#: The answers that mean the upstream handled the request (records.is_success).
+DEFAULT_CACHE_STATUSES = SUCCESS_STATUSES
 
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -63,7 +63,7 @@ def _scope(value: object) -> tuple[str, ...]:
 
 
 def _cache_statuses(value: object) -> frozenset[int]:
-    found = items(value, '["2xx", "4xx", "!408", "!429"]')
+    found = items(value, '["2xx", "3xx", "4xx", "!408", "!429"]')
     return units.parse_status_set(found, DEFAULT_CACHE_STATUSES)
 
 
@@ -98,6 +98,18 @@ def _header_names(value: object) -> frozenset[str]:
         if not (isinstance(item, str) and is_token(item)):
             raise_at((i,), f"{show(item)} is not a header name; write e.g. X-Secret")
     return frozenset(str(item).lower() for item in found)
+
+
+def _query_names(value: object) -> frozenset[str]:
+    found = items(value, "[page, region]")
+    for i, item in enumerate(found):
+        if not isinstance(item, str) or not item or not item.isprintable():
+            raise_at(
+                (i,),
+                f"{show(item)} is not a query parameter's name; write it as it reads "
+                "decoded, e.g. page",
+            )
+    return frozenset(str(item) for item in found)
 
 
 def _forward_header(value: object) -> str | None:
@@ -136,25 +148,75 @@ _STATUS = {"anyOf": [{"type": "integer", "minimum": 100, "maximum": 599},
                      {"type": "string", "pattern": f"^{units.STATUS_RE.pattern}$"}]}  # fmt: skip
 Methods = Annotated[
     frozenset[str] | None,
-    Check(_methods, {"anyOf": [list_schema(_TOKEN, minItems=1), {"type": "null"}]}),
+    Check(
+        _methods,
+        {"anyOf": [list_schema(_TOKEN, minItems=1), {"type": "null"}]},
+        written="list of methods",
+    ),
 ]
-Method = Annotated[str, Check(_method, _TOKEN)]
-HeaderNames = Annotated[frozenset[str], Check(_header_names, list_schema(_TOKEN))]
+Method = Annotated[str, Check(_method, _TOKEN, written="method")]
+HeaderNames = Annotated[
+    frozenset[str], Check(_header_names, list_schema(_TOKEN), written="list of header names")
+]
+QueryNames = Annotated[
+    frozenset[str],
+    Check(
+        _query_names,
+        list_schema({"type": "string", "minLength": 1}),
+        written="list of query parameter names",
+    ),
+]
 ForwardHeader = Annotated[
     str | None,
-    Check(_forward_header, {"anyOf": [_TOKEN, {"enum": [False, None, ""]}]}),
+    Check(
+        _forward_header,
+        {"anyOf": [_TOKEN, {"enum": [False, None, ""]}]},
+        written="header name, or `false`",
+    ),
 ]
 Networks = Annotated[
     tuple[IPNetwork, ...],
-    Check(_networks, {"anyOf": [list_schema({"type": "string"}), {"type": "null"}]}),
+    Check(
+        _networks,
+        {"anyOf": [list_schema({"type": "string"}), {"type": "null"}]},
+        written="list of addresses or CIDR blocks",
+    ),
 ]
 Fingerprint = Annotated[
     tuple[str, ...],
-    Check(_fingerprint, {"anyOf": [list_schema(_PART, uniqueItems=True), {"const": "none"}]}),
+    Check(
+        _fingerprint,
+        {"anyOf": [list_schema(_PART, uniqueItems=True), {"const": "none"}]},
+        written="list of request parts, or `none`",
+    ),
 ]
 HashParts = Annotated[
-    tuple[str, ...], Check(_hash_parts, list_schema(_PART, minItems=1, uniqueItems=True))
+    tuple[str, ...],
+    Check(
+        _hash_parts,
+        list_schema(_PART, minItems=1, uniqueItems=True),
+        written="list of request parts",
+    ),
 ]
-ScopeParts = Annotated[tuple[str, ...], Check(_scope, list_schema(_SCOPE, uniqueItems=True))]
-CacheStatuses = Annotated[frozenset[int], Check(_cache_statuses, list_schema(_STATUS))]
-Statuses = Annotated[frozenset[int], Check(_statuses, list_schema(_STATUS, minItems=1))]
+ScopeParts = Annotated[
+    tuple[str, ...],
+    Check(_scope, list_schema(_SCOPE, uniqueItems=True), written="list of request parts"),
+]
+CacheStatuses = Annotated[
+    frozenset[int],
+    Check(
+        _cache_statuses,
+        list_schema(_STATUS),
+        written="list of statuses",
+        show=units.write_statuses,
+    ),
+]
+Statuses = Annotated[
+    frozenset[int],
+    Check(
+        _statuses,
+        list_schema(_STATUS, minItems=1),
+        written="list of statuses",
+        show=units.write_statuses,
+    ),
+]

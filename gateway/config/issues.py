@@ -126,6 +126,7 @@ class Issues:
 
     def __init__(self) -> None:
         self.items: list[ConfigIssue] = []
+        self._seen: set[ConfigIssue] = set()  # items, looked up in constant time
         #: issues about a setting's name (unknown, misplaced), not its value: their
         #: position in the file is the name's
         self.at_names: set[ConfigIssue] = set()
@@ -133,7 +134,8 @@ class Issues:
     def add(self, path: str, message: str, *, name: bool = False) -> None:
         issue = ConfigIssue(path, message)
         # Settings inherited from `defaults` are checked once per route; one report is enough.
-        if issue not in self.items:
+        if issue not in self._seen:
+            self._seen.add(issue)
             self.items.append(issue)
         if name:
             self.at_names.add(issue)

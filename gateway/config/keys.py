@@ -32,18 +32,40 @@ from gateway.config.types import (
     text,
     timezone_problem,
 )
+from gateway.config.units import odd_space, trim
+from gateway.digits import whole_number
 
 KeySourceKind = Literal["header", "query", "body", "template", "hash", "period"]
 
 #: len("sha256:" + 64 hex digits): the key a `hash` source makes.
 HASH_KEY_LENGTH = 71
 
-SOURCE_KINDS = ("header", "query", "body", "template", "hash")
+#: Where a key may come from, and what each source reads, for users (the JSON Schema
+#: and docs/configuration.md).
+SOURCES = {
+    "header": "`{header: Idempotency-Key}`: a request header (its name matched "
+    'case-insensitively). The IETF draft\'s structured-field string `"abc"` and bare '
+    "`abc` are the same key; only spaces and tabs around the value are trimmed, and it "
+    "must be valid UTF-8.",
+    "query": "`{query: run}`: a query parameter's first value, valid UTF-8.",
+    "body": "`{body: job_key}`: a JMESPath expression into the JSON body; a number "
+    "becomes its JSON text. A body with duplicate fields is refused (parsers disagree on "
+    "which one wins).",
+    "template": '`{template: "reminder:{body.user_id}:{period}"}`: text with parts '
+    "`{period}`, `{method}`, `{path}`, `{path.<param>}`, `{header.<Name>}`, "
+    "`{query.<name>}`, `{body.<jmespath>}`; a missing part means no key. Parts need a "
+    "separator between them (`{a}:{b}`, not `{a}{b}`); a value's own copy of a "
+    "separator's first character, and any backslash, is escaped with a backslash, so "
+    "different values never make one key.",
+    "hash": "`{hash: [method, path, query, body]}`: a key computed from request parts "
+    "(`header.<Name>` too), `sha256:` and 64 hex digits.",
+}
+SOURCE_KINDS = tuple(SOURCES)
 KEY_OPTIONS = ("period", "timezone", "on_missing", "scope", "max_length")
 _EXAMPLE = "key: {header: Idempotency-Key}"
 _SEVERAL = "to try several in order, write sources: [{header: Idempotency-Key}, {body: id}]"
 _PERIOD_HINT = "write e.g. 15m, 1h, 6h, 1d, 1w or 1mo"
-_PERIOD_RE = re.compile(r"(\d+)\s*(mo|m|h|d|w)")
+_PERIOD_RE = re.compile(r"([0-9]+) *(mo|m|h|d|w)")
 # Maps the matched text onto Period.unit's Literal type without a cast.
 _PERIOD_UNITS: dict[str, Literal["m", "h", "d", "w", "mo"]] = {
     "m": "m",
@@ -58,10 +80,17 @@ _PERIOD_UNITS: dict[str, Literal["m", "h", "d", "w", "mo"]] = {
 class Period:
     """A time window for `{period}`: `count` units of `unit`, in `timezone`."""
 
+    written = "`15m`, `1h`, `1d`, `1w`, `1mo` ..."
+
     count: int
+    """How many units a window spans."""
     unit: Literal["m", "h", "d", "w", "mo"]
+    """Minutes, hours, days, weeks or months."""
     timezone: TimeZone = "UTC"
-    text: str = ""  # as written, for messages
+    """The time zone windows follow, an IANA name such as `Europe/Berlin`; only with
+    `period`."""
+    text: str = ""
+    """The period as written, for messages."""
 
 
 @settings
@@ -76,11 +105,17 @@ class KeySource:
     - period: the key is the window start alone (a cron run with no key at all)
     """
 
+    written = "list of sources"  # as `key.sources` holds them
+
     kind: KeySourceKind
+    """Which part of the request the key is read from."""
     name: str = ""
+    """The header name, query parameter, JMESPath expression or template text."""
     parts: HashParts = ()
-    #: body: the compiled JMESPath; template: the compiled Template (gateway.keys renders it)
+    """A `hash` source's request parts."""
     compiled: Any = None
+    """body: the compiled JMESPath; template: the compiled Template (gateway.keying
+    renders it)."""
 
     def __post_init__(self) -> None:
         # Compiled here, when the config loads: a request never parses a source again.
@@ -95,11 +130,35 @@ class KeySource:
 
 @settings
 class KeySpec:
-    sources: tuple[KeySource, ...]  # first one present wins
+    """Where a route's idempotency key comes from: one source (`key: {header:
+    Idempotency-Key}`), several tried in order (`key: {sources: [...]}`, or the list
+    alone), or a `period` alone, and the options beside them. `{path}` and the `path`
+    part of hashes and fingerprints are the path as matched: as sent, still
+    percent-encoded, with dot-segments removed. A key with control characters is
+    refused with 400."""
+
+    written = "a mapping, or a list of sources"
+
+    sources: tuple[KeySource, ...]
+    """Sources tried in order, the first present wins:
+    `sources: [{header: Idempotency-Key}, {body: job_key}]`."""
     period: Period | None = None
+    """Puts the start of the current window into a template's `{period}`: `2026-11-01`
+    for days, `2026-W44` for weeks, `2026-11` for months, `2026-11-01T13:15+01:00` for
+    hours and minutes (the UTC offset keeps a DST change's repeated hour apart). With
+    no source, the window alone is the key: once per run for a cron job that sends
+    none. Minutes divide an hour (or are whole hours that divide a day), hours divide a
+    day; weeks and months are 1 only."""
     on_missing: Annotated[MissingKeyPolicy, OneOf()] = "reject"
-    scope: ScopeParts = ()  # e.g. ("header.Authorization",)
+    """A request without a key: `reject` it with 400, or `forward` it without dedupe
+    (counted `missing_key_forwarded`). Async routes take `reject`."""
+    scope: ScopeParts = ()
+    """Request parts (`header.Authorization`, `query.tenant`) each of whose values keeps
+    a key space of its own on the route: the values are hashed, never stored, so one
+    client is never replayed another's response."""
     max_length: Annotated[int, Whole(1, 4096)] = 255
+    """The longest key accepted; a longer one gets 400. A `hash` key is 71
+    characters."""
 
     @model_validator(mode="wrap")
     @classmethod
@@ -114,10 +173,10 @@ def parse_period(text: object, timezone: str = "UTC") -> Period:
     problem = timezone_problem(timezone)
     if problem:
         raise ValueError(problem)
-    match = _PERIOD_RE.fullmatch(text.strip()) if isinstance(text, str) else None
-    if match is None or not isinstance(text, str):
-        raise ValueError(f"{show(text)} is not a period; {_PERIOD_HINT}")
-    count, unit = int(match.group(1)), match.group(2)
+    match = _PERIOD_RE.fullmatch(trim(text)) if isinstance(text, str) else None
+    count, unit = (whole_number(match[1]), match[2]) if match is not None else (None, "")
+    if count is None:
+        raise ValueError(f"{show(text)} is not a period; {odd_space(text, '1h') or _PERIOD_HINT}")
     # Windows must tile a day (or a week/month) exactly, so every run of the same
     # window computes the same start no matter when it fires.
     problem = None
@@ -134,7 +193,7 @@ def parse_period(text: object, timezone: str = "UTC") -> Period:
         problem = f"only 1{unit} is supported for weeks and months"
     if problem:
         raise ValueError(f"{show(text)} is not a usable period: {problem}")
-    return Period(count=count, unit=_PERIOD_UNITS[unit], timezone=timezone, text=text.strip())
+    return Period(count=count, unit=_PERIOD_UNITS[unit], timezone=timezone, text=trim(str(text)))
 
 
 def templates_in(value: object) -> list[tuple[Loc, str]]:

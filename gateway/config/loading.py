@@ -21,10 +21,14 @@ from pydantic import TypeAdapter, ValidationError
 
 from gateway.config.issues import Issues
 from gateway.config.model import Config
+from gateway.config.summary import config_warnings
 from gateway.config.text import join, show
 from gateway.errors import ConfigError, ConfigIssue
 
-_ENV_RE = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
+#: `$${`, or a reference: `${` to its `}`, or to the end of the text when none comes (an
+#: error). Never failing past its `${`, `sub` reads each character once; a pattern that
+#: failed there was tried again at every later `${`, quadratic in a line of them.
+_ENV_RE = re.compile(r"\$\$\{|\$\{([^}]*)\}?")
 _MAX_POSITIONS = 100_000
 _ENV_NAME_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::([-?])(.*))?", re.DOTALL)
 
@@ -42,14 +46,14 @@ def interpolate(data: object, path: str, issues: Issues, env: dict[str, str]) ->
 
 def _expand(text: str, path: str, issues: Issues, env: dict[str, str]) -> str:
     def replace(match: re.Match[str]) -> str:
-        if match.group(0) == "$${":
+        whole = match.group(0)
+        if whole == "$${":
             return "${"
-        inner = match.group(1)
-        ref = _ENV_NAME_RE.fullmatch(inner) if inner is not None else None
+        ref = _ENV_NAME_RE.fullmatch(match.group(1)) if whole.endswith("}") else None
         if ref is None:
             issues.add(
                 path,
-                f"{show(match.group(0))} is not a valid environment reference; write "
+                f"{show(whole)} is not a valid environment reference; write "
                 "${NAME}, ${NAME:-default} or ${NAME:?message}, or $${ for a literal ${",
             )
             return ""
@@ -168,6 +172,12 @@ def read_yaml(text: str, source: str) -> tuple[object, Positions]:
 
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Reads, interpolates and validates a YAML config; raises ConfigError listing every problem."""
+    return load_config_warnings(path)[0]
+
+
+def load_config_warnings(path: str | os.PathLike[str]) -> tuple[Config, list[ConfigIssue]]:
+    """load_config, and the config's warnings (summary.config_warnings) placed in the
+    file: `check-config` prints them."""
     source = os.fspath(path)
     try:
         with open(source, encoding="utf-8") as f:
@@ -183,7 +193,10 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     config, issues = _validate(data, source, os.environ)
     if config is None:
         raise ConfigError(source, positions.locate(issues))
-    return config
+    warnings = Issues()
+    for warning in config_warnings(config):
+        warnings.add(warning.path, warning.message)
+    return config, positions.locate(warnings)
 
 
 def parse_config(data: object, source: str, env: Mapping[str, str] | None = None) -> Config:

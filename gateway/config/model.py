@@ -27,7 +27,7 @@ from gateway.config.routes import (
     with_defaults,
 )
 from gateway.config.sections import INHERITED, Section, is_instance, settings
-from gateway.config.store import StoreConfig
+from gateway.config.store import StoreConfig, default_store_url
 from gateway.config.text import kind, show, unknown_setting
 from gateway.config.types import (
     Check,
@@ -69,44 +69,84 @@ StatusPrefix = Annotated[
             "pattern": "^(/[^/{}?#%\\\\\\s]+)+$",
             "description": "e.g. /_idempotency",
         },
+        written="path",
     ),
 ]
 
 
 @settings
 class ServerConfig(Section):
+    """`server:`, the proxy listener's settings (described at `Config.server`). The
+    request limits and deadlines (`max_header_bytes`, `header_timeout`, `body_timeout`,
+    `write_timeout`, `keep_alive`, `max_connections`) hold for the admin listener too,
+    its connections counted apart."""
+
     example = "server: {...}"
 
     listen: ListenAddress = "127.0.0.1:8080"
-    #: the gateway's own paths on the proxy port (a 202's status URL lives under it);
-    #: no route may match under it
+    """The proxy listener's address (`[::1]:8080` for IPv6). In a container, bind
+    `0.0.0.0`: the container's own loopback is reachable from nowhere else."""
     status_prefix: StatusPrefix = "/_idempotency"
+    """Where the gateway's own paths live on the proxy port: the status URLs of async
+    routes, `{status_prefix}/status/{route}/{record}/{token}`. Paths under it are the
+    gateway's whatever the routes match, and a route that matches only under it is a
+    config error."""
     shutdown_grace: GraceDuration = 30.0
+    """On SIGTERM, how long forwards and delivery attempts under way may still finish;
+    those still running after it are marked unresolved, with the reason, before the
+    process exits."""
     max_header_bytes: Size = 16 * 1024
+    """The request target, and the headers together (a chunked body's trailers count
+    too); over it 414 or 431, cut off while they arrive. On the admin listener too."""
     access_log: Flag = True
-    log_format: Annotated[LogFormat, OneOf()] = "auto"  # auto: text on a terminal
-    #: addresses whose X-Forwarded-*/Forwarded/X-Real-IP are believed (default: none)
+    """An access line per request: route, key (a hash of it on `sensitive_keys`
+    routes), outcome, run id, upstream status and duration. Bodies, tokens,
+    Authorization headers and store passwords never appear."""
+    log_format: Annotated[LogFormat, OneOf()] = "auto"
+    """`json` lines, `text`, or `auto`: text on a terminal, JSON otherwise."""
     trusted_proxies: Networks = ()
-    #: deadline for a whole request head, from its first byte (or the connection's start)
+    """Addresses or CIDR blocks (`["10.0.0.0/8", "::1"]`) believed about whom they
+    forward for: their `X-Forwarded-*`, `Forwarded` and `X-Real-IP` are kept and
+    extended; from any other caller they are replaced. Reloadable with SIGHUP."""
     header_timeout: Duration = 20.0
-    #: the longest a request body may go without a byte arriving
+    """A request head must be complete this long after its first byte (the first
+    request's: after the connection opens); else 408 and the connection closes. A
+    connection on which no request has begun by then (no byte but the empty lines a
+    server ignores: a pool's spare connection, a browser's preconnect) is closed
+    without an answer, as an idle kept-alive connection is. On the admin listener too."""
     body_timeout: Duration = 20.0
-    #: the longest a response write may wait for a caller that stopped reading
+    """The longest a request body may go without a byte arriving; else 408, and nothing
+    is forwarded (on the admin listener: nothing is done). On both listeners."""
     write_timeout: Duration = 30.0
-    #: an idle kept-alive caller connection is closed after this long (nginx: 75 s)
+    """A caller that takes nothing of its response for this long (while more than
+    about 64 KiB waits for it) has its connection reset and its buffered bytes dropped;
+    a caller that reads, however slowly, keeps it. The key's outcome never depends on
+    it."""
     keep_alive: Duration = 75.0
-    #: open caller connections per process; one more closes the oldest idle kept-alive
-    #: connection, or, with none idle, is answered 503 with Retry-After and closed
+    """An idle kept-alive caller connection is closed after this long (nginx's
+    default). Keep clients' own idle expiry below it (httpx and most clients use 5s),
+    so the client, not the gateway, closes an idle connection: a request written just
+    as the other side closes is the one that gets lost. The gateway never closes a
+    connection on which request bytes wait to be read."""
     max_connections: Annotated[int, Whole(1, 1_000_000)] = 1024
-    #: an idle upstream connection is retired after this long: below common upstream
-    #: keep-alive timeouts (gunicorn 2 s, uvicorn and node 5 s), so the gateway lets go
-    #: of a connection before the upstream closes it under a request
+    """Open caller connections per process (per worker). One over it first closes the
+    oldest idle kept-alive connection; with none idle it gets 503 with `Retry-After: 1`
+    and is closed. The admin listener has as many of its own. Raise the file-descriptor
+    limit (`ulimit -n`) above twice it."""
     upstream_keep_alive: Duration = 1.0
-    #: response bytes the process holds in memory at once, over all requests
+    """An idle upstream connection is retired after this long. Keep it below the
+    upstream's own keep-alive timeout (gunicorn 2s, uvicorn and node 5s), so the
+    gateway lets go of a connection before the upstream closes it under a request."""
     max_buffered_responses: Size = 256 * 1024 * 1024
-    #: delivery attempts under way at once in this process, over all async routes
-    #: (each route also has its delivery.concurrency); 0: accept only, never deliver
+    """Response bytes the process holds in memory at once, over all requests (bodies
+    read whole, streamed parts not yet written). At the limit a response that would be
+    read whole is streamed instead (on a keyed route repeats then get headers only,
+    `Idempotent-Body-Omitted: true`), and streams pause their upstream until memory
+    frees; nothing waits on a body being read whole, so it cannot deadlock."""
     max_deliveries: Annotated[int, Whole(0, 10_000)] = 64
+    """Delivery attempts under way at once in this process, over all async routes
+    (each route also has its `delivery.concurrency`). `0`: this process accepts and
+    answers status URLs but never delivers; another replica must."""
 
     @classmethod
     def report_order(cls) -> tuple[str, ...]:
@@ -121,11 +161,28 @@ class ServerConfig(Section):
 
 @settings
 class Config:
+    """A whole config file: its sections, and the routes after the defaults they
+    inherit."""
+
     routes: Annotated[tuple[Route, ...], BeforeValidator(routes_list)]
+    """Which requests the gateway takes, where it sends them, and where each one's
+    idempotency key comes from; the first route that matches a request takes it. At
+    least one."""
     server: ServerConfig = field(default_factory=ServerConfig)
+    """The proxy listener: where it listens, its deadlines and limits on callers, the
+    upstream connections it keeps, logging, and the deliveries each process makes."""
     admin: AdminConfig = field(default_factory=AdminConfig)
+    """The admin listener (`/healthz`, `/readyz`, `/metrics`, the operator API and the
+    console) and who may use the operator API."""
     store: StoreConfig = field(default_factory=StoreConfig)
-    source: str = "<config>"  # the file it came from, for messages
+    """Where records live (memory, Redis, Sentinel, Cluster, PostgreSQL or SQLite), how
+    to reach it, and the keys that encrypt what it stores."""
+    source: str = "<config>"
+    """The file the config came from, named in messages; never written in a file."""
+
+    def route(self, name: str) -> Route | None:
+        """The route named `name`, or None: the one lookup by name."""
+        return next((route for route in self.routes if route.name == name), None)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -137,8 +194,14 @@ class Config:
             raise ValueError(
                 f"expected a mapping (name: value), got {kind(data)}; write e.g. {example}"
             )
-        config = _read(data, handler)
         source = (info.context or {}).get("source")
+        store = data.get("store")
+        if source and (store is None or isinstance(store, dict)):
+            if not (store and {"url", "sentinel", "cluster"} & store.keys()):
+                # No store named: SQLite beside the config file, so a config without
+                # one is durable whatever directory the gateway starts in.
+                data = {**data, "store": {**(store or {}), "url": default_store_url(source)}}
+        config = _read(data, handler)
         return replace(config, source=source) if source else config
 
 

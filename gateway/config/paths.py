@@ -94,5 +94,10 @@ def _path(value: object) -> str:
 
 
 PathPatternText = Annotated[
-    str, Check(_path, {"type": "string", "pattern": "^/", "description": "e.g. /jobs/{name}"})
+    str,
+    Check(
+        _path,
+        {"type": "string", "pattern": "^/", "description": "e.g. /jobs/{name}"},
+        written="path pattern",
+    ),
 ]

@@ -1,19 +1,23 @@
 """How a YAML mapping becomes a settings object.
 
 The settings are frozen pydantic dataclasses (`settings`): one declaration gives the
-fields, their types (gateway.config.types) and defaults; slots keep attribute reads
-on the request path as cheap as a plain dataclass's. Built in Python (`Route(name=...,
-path=...)`) they validate like any pydantic dataclass. Read from a file they go
-through `Section`'s validator, which adds what a file needs: the mapping itself is
-checked, unknown settings get "did you mean", a section may be written in another
-shape than its fields (`Section.from_yaml`), and checks that span settings
-(`Section.check`) still run when another setting is wrong, so that every problem of
-a file is reported in one pass.
+fields, their types (gateway.config.types), defaults and descriptions (the docstring
+under each field, which the JSON Schema and docs/configuration.md both show); slots
+keep attribute reads on the request path as cheap as a plain dataclass's. Built in
+Python (`Route(name=..., path=...)`) they validate like any pydantic dataclass. Read
+from a file they go through `Section`'s validator, which adds what a file needs: the
+mapping itself is checked, unknown settings get "did you mean", a section may be
+written in another shape than its fields (`Section.from_yaml`), and checks that span
+settings (`Section.check`) still run when another setting is wrong, so that every
+problem of a file is reported in one pass.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import textwrap
 from collections.abc import Callable
 from functools import cache
 from typing import Annotated, Any, ClassVar, TypeVar, dataclass_transform
@@ -33,6 +37,10 @@ INHERITED = "\x00inherited"
 
 _CONFIG = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
+#: Every settings class, in the order declared: tests/test_config_reference.py checks
+#: that each field has a description.
+DECLARED: list[type] = []
+
 
 @dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
 def settings(cls: type[T]) -> type[T]:
@@ -40,6 +48,7 @@ def settings(cls: type[T]) -> type[T]:
     built = pydantic.dataclasses.dataclass(frozen=True, slots=True, config=_CONFIG)(cls)
     # slots=True makes a new class; validators are bound to the one before it.
     cls._built = built  # type: ignore[attr-defined]
+    DECLARED.append(built)
     return built  # type: ignore[return-value]
 
 
@@ -47,6 +56,35 @@ def is_instance(data: object) -> bool:
     """A settings object already built. (Not isinstance(data, cls): a slotted dataclass
     is a new class, and validators see the one before it.)"""
     return dataclasses.is_dataclass(data) and not isinstance(data, type)
+
+
+def description(cls: Any, name: str) -> str:
+    """The docstring under a field: what the setting means, for users. Read from the
+    class's source when asked (the schema and the reference ask; serving never does), so
+    it costs the gateway's start nothing."""
+    return _docstrings(getattr(cls, "_built", cls)).get(name, "")
+
+
+@cache
+def _docstrings(cls: type) -> dict[str, str]:
+    """Each field's docstring: the string that follows its annotated line."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}  # no source (a frozen build): nothing to describe with
+    found: dict[str, str] = {}
+    previous: ast.stmt | None = None
+    for node in ast.parse(textwrap.dedent(source)).body[0].body:  # type: ignore[attr-defined]
+        if (
+            isinstance(previous, ast.AnnAssign)
+            and isinstance(previous.target, ast.Name)
+            and isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            found[previous.target.id] = inspect.cleandoc(node.value.value)
+        previous = node
+    return found
 
 
 @cache
@@ -70,6 +108,10 @@ class Section:
     none_is_empty: ClassVar[bool] = True
     #: fields written elsewhere in the file: a route's `path` is `match.path`
     written_at: ClassVar[dict[str, Loc]] = {}
+    #: what each block of `written_at` (a `match:`, a `sentinel:`) is, for users
+    blocks: ClassVar[dict[str, str]] = {}
+    #: what the section is written as where a parent setting holds it
+    written: ClassVar[str] = "mapping"
 
     @classmethod
     def yaml_names(cls) -> tuple[str, ...]:

@@ -1,9 +1,10 @@
 """The store section: where records live (memory, Redis, Sentinel, Cluster,
-PostgreSQL), how to reach it, and the keys that encrypt stored responses.
+PostgreSQL, SQLite), how to reach it, and the keys that encrypt stored responses.
 
 In the file Sentinel and Cluster are blocks of their own (`sentinel: {master, nodes,
 password}`, `cluster: {nodes}`); the object has them as `sentinel_*` and
-`cluster_nodes`, which is what the Redis store reads.
+`cluster_nodes`, which is what the Redis store reads; `sqlite: {synchronous}` is
+`sqlite_synchronous`.
 """
 
 from __future__ import annotations
@@ -11,13 +12,23 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import field
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from gateway.config.addresses import HostPorts, StoreUrl
 from gateway.config.issues import Loc, Problems, loc_path
 from gateway.config.sections import Section, settings
 from gateway.config.text import kind, show, unknown_setting
-from gateway.config.types import Check, Duration, Flag, OptionalText, Secret, Text, Whole, text
+from gateway.config.types import (
+    Check,
+    Duration,
+    Flag,
+    OneOf,
+    OptionalText,
+    Secret,
+    Text,
+    Whole,
+    text,
+)
 from gateway.encryption import key_id, parse_key
 
 
@@ -56,22 +67,33 @@ def _keys(value: object) -> tuple[bytes, ...]:
     return tuple(keys)
 
 
-PemFile = Annotated[str, Check(_pem_file, {"type": "string"})]
+PemFile = Annotated[str, Check(_pem_file, {"type": "string"}, written="path of a PEM file")]
 _BASE64 = {"type": "string", "description": "32 bytes in base64: idempotency-gateway keygen"}
-EncryptionKey = Annotated[bytes, Check(_key, _BASE64)]
+EncryptionKey = Annotated[bytes, Check(_key, _BASE64, written="key: 32 bytes in base64")]
 EncryptionKeys = Annotated[
-    tuple[bytes, ...], Check(_keys, {"type": "array", "items": {"anyOf": [_BASE64]}})
+    tuple[bytes, ...],
+    Check(_keys, {"type": "array", "items": {"anyOf": [_BASE64]}}, written="list of keys"),
 ]
 
 
 @settings
 class TLSConfig(Section):
+    """TLS to the store, for `rediss://`, Sentinel, Cluster and `postgresql://`:
+    `tls:` alone means TLS with the defaults (the system's CAs, the server's certificate
+    checked)."""
+
     example = "store.tls: {...}"
+    written = "mapping, or nothing"
 
     ca_file: PemFile = ""
-    cert_file: PemFile = ""  # a client certificate, with key_file, for mutual TLS
+    """The CA certificates the server's certificate is checked against; unset: the
+    system's."""
+    cert_file: PemFile = ""
+    """A client certificate, with `key_file`, for mutual TLS."""
     key_file: PemFile = ""
-    verify: Flag = True  # false: encrypt but do not check the server's certificate
+    """The client certificate's private key."""
+    verify: Flag = True
+    """`false`: encrypt, but do not check the server's certificate or host name."""
 
     @classmethod
     def check(
@@ -88,6 +110,30 @@ class TLSConfig(Section):
         return {}
 
 
+#: The SQLite file a config with no store URL uses, in the config file's directory: the
+#: place the operator already chose, writable by whoever wrote the config, and the same
+#: for every working directory and user (docs/decisions/sqlite.md says why).
+DEFAULT_SQLITE_FILE = "idempotency-gateway.db"
+
+
+def default_store_url(source: str) -> str:
+    """The `sqlite://` URL of DEFAULT_SQLITE_FILE beside the config file `source`."""
+    folder = os.path.dirname(os.path.abspath(source))
+    return "sqlite://" + os.path.join(folder, DEFAULT_SQLITE_FILE)
+
+
+def is_default_store(store: StoreConfig, source: str) -> bool:
+    """Whether `store` is the one a config with no store URL gets."""
+    return store.kind == "sqlite" and store.url == default_store_url(source)
+
+
+#: What `memory://` keeps, said at start and by `check-config`.
+MEMORY_KEEPS_NOTHING = (
+    "it keeps nothing: a restart forgets every key and every queued delivery "
+    "(for the demo and tests)"
+)
+
+
 #: The PostgreSQL store's connections per process when max_connections is unset
 #: (asyncpg's own pool defaults to 10 as well).
 POSTGRES_POOL = 10
@@ -95,47 +141,111 @@ POSTGRES_POOL = 10
 
 @settings
 class StoreConfig(Section):
+    """`store:`, where records live (described at `Config.store`)."""
+
     example = "store: {...}"
     written_at: ClassVar[dict[str, Loc]] = {
         "sentinel_master": ("sentinel", "master"),
         "sentinel_nodes": ("sentinel", "nodes"),
         "sentinel_password": ("sentinel", "password"),
         "cluster_nodes": ("cluster", "nodes"),
+        "sqlite_synchronous": ("sqlite", "synchronous"),
+    }
+    blocks: ClassVar[dict[str, str]] = {
+        "sentinel": "Redis behind Sentinel, instead of `url`. A failover is followed "
+        "without a restart, and requests during the switch get 503. Set "
+        "`wait_for_replicas: 1` with it: replication is asynchronous, so without it a "
+        "failover can lose a fresh claim and let its key run twice.",
+        "cluster": "Redis Cluster, instead of `url`. Records are spread over 64 hash "
+        "tags; every script touches one, and listings read each tag's indexes, never "
+        "the keyspace.",
+        "sqlite": "The SQLite store's settings, with a `sqlite://` URL.",
     }
 
-    url: StoreUrl = "memory://"  # memory://, redis://, rediss://, unix://, postgresql://
+    url: StoreUrl = f"sqlite://{DEFAULT_SQLITE_FILE}"
+    """Unset (and no `sentinel` or `cluster`): SQLite in `idempotency-gateway.db` in
+    the config file's directory, durable with nothing else to run; `run` logs the
+    file's path at start. `sqlite:///path/gateway.db` (one file on this host, shared by
+    `--workers`; after `sqlite://` comes the path: absolute after three slashes, else
+    relative to the working directory; its schema is applied on start), `redis://`,
+    `rediss://` (TLS), `unix:///path.sock`, `postgresql://` (`postgres://`; needs `pip
+    install 'idempotency-gateway[postgres]'` and `idempotency-gateway store migrate`
+    once), or `memory://` (one process, for the demo and tests: it keeps nothing, a
+    restart forgets every key and every queued delivery). Give one of `url`,
+    `sentinel` or `cluster`."""
     prefix: OptionalText = "idem:"
+    """Put before every name the store writes, so gateways can share one Redis; on
+    PostgreSQL a column: gateways with different prefixes share the tables."""
     socket_timeout: Duration = 2.0
+    """Bounds every store call. On Redis each call is retried once, so a hung Redis
+    costs a request about twice this, then 503. On PostgreSQL it is also the server's
+    `statement_timeout` (half of it the `lock_timeout`), and a call that runs out of
+    time is not retried. On SQLite it is how long a write waits for the file's lock
+    while another process holds it, then 503."""
     connect_timeout: Duration = 2.0
-    #: per process; requests queue for one. Unset: 64 on Redis (one pipelined connection
-    #: carries the request path) and POSTGRES_POOL on PostgreSQL (see pool_size)
+    """The longest opening a connection to the store may take."""
     max_connections: Annotated[int, Whole(1, 10000)] | None = None
-    #: replicas that must confirm a claim (Redis WAIT) before the request is sent:
-    #: with 1, a failover cannot lose a claim and let its key run twice
+    """Store connections per process; calls queue for a free one, up to twice
+    `socket_timeout`. The notification subscriber (and PostgreSQL's listener) has a
+    connection of its own, outside this number, so 1 works. Unset: 64 on Redis (one
+    pipelined connection carries the request path's scripts; the rest is listings,
+    `wait_for_replicas` and the cluster) and 10 on PostgreSQL, where each connection
+    is a backend process: size it to the database's cores, not to the callers."""
     wait_for_replicas: Annotated[int, Whole(0, 16)] = 0
-    username: OptionalText = ""  # Redis ACL user; the URL's, if it has one, wins
+    """Replicas that must confirm a claim (Redis `WAIT`) before the request is sent:
+    with 1, a failover cannot lose a claim and let its key run twice, and a master
+    that has lost all its replicas fails closed until one is back: a claim no replica
+    confirms within half of `socket_timeout` is released and answered 503 (nothing was
+    sent), and an async route's accept, already stored, is kept and answered 202
+    `accepted-unconfirmed`. With a `redis://` URL whose server has replicas, Sentinel
+    or a Cluster. Redis only: on PostgreSQL, name the standbys in the server's
+    `synchronous_standby_names`."""
+    username: OptionalText = ""
+    """The user to sign in as (a Redis ACL user); the URL's, if it has one, wins."""
     password: Secret = field(default="", repr=False)
+    """The store's password (write `${REDIS_PASSWORD}`); the URL's, if it has one,
+    wins. Never printed by `check-config`, an error or the logs."""
     tls: TLSConfig | None = None
+    """TLS to the store (below); unset: as the URL says (`rediss://`,
+    `?sslmode=require`)."""
     sentinel_master: Text = ""
+    """The name Sentinel knows the master by, e.g. `mymaster`."""
     sentinel_nodes: HostPorts = ()
+    """The Sentinels' addresses, e.g. `["10.0.0.1:26379", "10.0.0.2:26379"]`."""
     sentinel_password: Secret = field(default="", repr=False)
+    """The Sentinels' own password, if they have one."""
     cluster_nodes: HostPorts = ()
-    #: 32-byte AES-256-GCM key that seals new stored responses (b"": stored plain)
+    """Addresses of cluster nodes to start from, e.g. `["10.0.0.1:7000"]`."""
     encryption_key: EncryptionKey = field(default=b"", repr=False)
-    #: older keys that still open responses they sealed, after a rotation
+    """Seals every stored response (status, headers, body), queued request and status
+    token with AES-256-GCM, bound to its record. 32 random bytes in urlsafe base64 from
+    `idempotency-gateway keygen`, written `${GATEWAY_ENCRYPTION_KEY}`. Key names,
+    states, timestamps, reasons and history are not encrypted. Unset: stored plain."""
     previous_encryption_keys: EncryptionKeys = field(default=(), repr=False)
-    #: with an encryption key set, still read responses stored unencrypted (a
-    #: migration setting: turn it off once the longest response_ttl has passed)
+    """Older keys that still open what they sealed. To rotate: (1) add the new key here
+    on every replica, (2) make it `encryption_key` and move the old one here, (3) drop
+    the old one once the longest `response_ttl` has passed; each step is a restart."""
     read_unencrypted: Flag = False
-    #: start and report ready even if Redis may evict keys (maxmemory-policy other
-    #: than noeviction): an evicted record is a key that runs again
+    """With `encryption_key` set, still replay responses stored unencrypted: a setting
+    for turning encryption on over existing records; remove it once the longest
+    `response_ttl` has passed. Without it such a response gets 500
+    `stored-response-unreadable` and its record is kept."""
+    sqlite_synchronous: Annotated[Literal["full", "normal"], OneOf()] = "full"
+    """How the SQLite store commits (`store.sqlite.synchronous`): `full` (the default)
+    syncs the write-ahead log to disk at every commit, so a committed claim or
+    completion survives a power cut. `normal` syncs it only at checkpoints: commits cost
+    less, a crash of the gateway still loses nothing, but a power cut or an OS crash can
+    lose the last commits, and their keys run again."""
     allow_eviction: Flag = False
+    """Start and report ready even if Redis may evict records (a `maxmemory-policy`
+    other than `noeviction`). An evicted record is a key that runs again; without this,
+    such a Redis is logged at start with the fix and `/readyz` answers 503."""
 
     @property
     def pool_size(self) -> int:
         """max_connections as set, else the store's default. PostgreSQL runs a process per
         connection: on a small machine a few busy backends commit more per second than
-        many that take turns (docs/performance.md, session 11)."""
+        many that take turns (docs/decisions/postgres-pool.md)."""
         if self.max_connections is not None:
             return self.max_connections
         return POSTGRES_POOL if self.kind == "postgres" else 64
@@ -148,6 +258,8 @@ class StoreConfig(Section):
             return "cluster"
         if self.url.startswith("memory://"):
             return "memory"
+        if self.url.startswith("sqlite://"):
+            return "sqlite"
         return "postgres" if self.url.startswith(("postgresql://", "postgres://")) else "redis"
 
     @classmethod
@@ -156,6 +268,7 @@ class StoreConfig(Section):
             "url", "prefix", "socket_timeout", "connect_timeout", "max_connections",
             "username", "password", "tls", "sentinel", "cluster", "wait_for_replicas",
             "encryption_key", "previous_encryption_keys", "read_unencrypted", "allow_eviction",
+            "sqlite",
         )  # fmt: skip
 
     @classmethod
@@ -163,13 +276,15 @@ class StoreConfig(Section):
         return (
             "url", "prefix", "username", "password", "socket_timeout", "connect_timeout",
             "max_connections", "wait_for_replicas", "read_unencrypted", "allow_eviction", "tls",
-            "sentinel", "cluster", "encryption_key", "previous_encryption_keys",
+            "sentinel", "cluster", "sqlite", "encryption_key", "previous_encryption_keys",
         )  # fmt: skip
 
     @classmethod
     def from_yaml(cls, given: dict[str, Any], problems: Problems) -> dict[str, Any]:
         kwargs = {
-            name: value for name, value in given.items() if name not in ("sentinel", "cluster")
+            name: value
+            for name, value in given.items()
+            if name not in ("sentinel", "cluster", "sqlite")
         }
         if "tls" in kwargs and kwargs["tls"] is None:
             kwargs["tls"] = {}  # `tls:` alone: TLS with the defaults
@@ -187,6 +302,10 @@ class StoreConfig(Section):
             cluster = _block(given["cluster"], "cluster", ("nodes",), problems)
             if cluster is not None:
                 kwargs["cluster_nodes"] = cluster.get("nodes")
+        if "sqlite" in given:
+            sqlite = _block(given["sqlite"], "sqlite", ("synchronous",), problems)
+            if sqlite is not None and "synchronous" in sqlite:
+                kwargs["sqlite_synchronous"] = sqlite["synchronous"]
         return kwargs
 
     @classmethod
@@ -202,9 +321,21 @@ class StoreConfig(Section):
             problems.add(
                 (), f"give one of url, sentinel or cluster, not {' and '.join(topologies)}"
             )
-        url = str(values.get("url", ""))
+        # Sentinel and Cluster leave `url` at its default, which is SQLite's: the URL
+        # names the store only when no other topology is given.
+        url = str(values.get("url", "")) if topologies in ([], ["url"]) else ""
         if url.startswith(("postgresql://", "postgres://")):
             _check_postgres(given, problems)
+        elif url.startswith("memory://"):
+            _check_memory(given, problems)
+        if "sqlite" in given and not url.startswith("sqlite://"):
+            problems.add(("sqlite",), "is the SQLite store's; remove it, or use a sqlite:// url")
+        if url.startswith("sqlite://") and given.get("wait_for_replicas"):
+            problems.add(
+                ("wait_for_replicas",),
+                "a SQLite store is one file on this host and has no replicas to wait for; "
+                "remove it",
+            )
         written: list[tuple[Loc, object]] = []
         if "encryption_key" in given:
             written.append((("encryption_key",), given["encryption_key"]))
@@ -219,6 +350,15 @@ class StoreConfig(Section):
                 continue  # reported with the setting
             _check_key(key, loc, found, problems)
         return {}
+
+
+def _check_memory(given: dict[str, Any], problems: Problems) -> None:
+    if given.get("wait_for_replicas"):
+        problems.add(
+            ("wait_for_replicas",),
+            "memory:// keeps records in this process and has no replicas to wait for; "
+            "remove it, or use a Redis store with replicas",
+        )
 
 
 def _check_postgres(given: dict[str, Any], problems: Problems) -> None:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from gateway.config.addresses import mask_url
+from gateway.config.addresses import mask_url, reconcile_url_warning
 from gateway.config.admin import AdminConfig
 from gateway.config.keys import KeySource, KeySpec
 from gateway.config.model import Config
 from gateway.config.routes import Route
-from gateway.config.store import StoreConfig
+from gateway.config.store import MEMORY_KEEPS_NOTHING, StoreConfig, is_default_store
 from gateway.config.text import show
 from gateway.config.units import format_duration, format_size, format_statuses
 from gateway.encryption import key_id
+from gateway.errors import ConfigIssue
 
 
 def _store_where(store: StoreConfig) -> str:
@@ -22,6 +23,37 @@ def _store_where(store: StoreConfig) -> str:
     if store.kind == "cluster":
         return f"cluster via {nodes(store.cluster_nodes)}"
     return mask_url(store.url)
+
+
+def _describe_store(store: StoreConfig, source: str) -> str:
+    if store.kind == "sqlite":
+        # One file, one connection per process: no prefix, pool or network settings.
+        default = " (the default: no store.url)" if is_default_store(store, source) else ""
+        return (
+            f"store: {show(store.url)}{default}; synchronous {store.sqlite_synchronous}; "
+            f"busy timeout {format_duration(store.socket_timeout)}"
+        )
+    if store.kind == "memory":
+        return f"store: memory://; {MEMORY_KEEPS_NOTHING}"
+    return (
+        f"store: {_store_where(store)}; prefix {show(store.prefix)}; socket timeout "
+        f"{format_duration(store.socket_timeout)}; connect timeout "
+        f"{format_duration(store.connect_timeout)}; {store.pool_size} connections"
+        + ("; password set" if store.password else "")
+        + (f"; TLS{' (no verify)' if not store.tls.verify else ''}" if store.tls else "")
+    )
+
+
+def store_at_start(config: Config) -> str:
+    """The store as `run` names it at start: a SQLite store's file and whether it is the
+    default, and that memory:// keeps nothing."""
+    store = config.store
+    if store.kind == "sqlite":
+        default = " (the default: no store.url)" if is_default_store(store, config.source) else ""
+        return f"sqlite at {store.url.removeprefix('sqlite://')}{default}"
+    if store.kind == "memory":
+        return f"memory ({MEMORY_KEEPS_NOTHING})"
+    return store.kind
 
 
 def describe(config: Config) -> str:
@@ -40,11 +72,7 @@ def describe(config: Config) -> str:
         "trusted proxies: "
         + (", ".join(str(n) for n in server.trusted_proxies) or "none (X-Forwarded-* replaced)"),
         f"admin: listen {admin.listen}; {_describe_access(admin)}",
-        f"store: {_store_where(store)}; prefix {show(store.prefix)}; socket timeout "
-        f"{format_duration(store.socket_timeout)}; connect timeout "
-        f"{format_duration(store.connect_timeout)}; {store.pool_size} connections"
-        + ("; password set" if store.password else "")
-        + (f"; TLS{' (no verify)' if not store.tls.verify else ''}" if store.tls else ""),
+        _describe_store(store, config.source),
         f"encryption: {_describe_encryption(store)}",
         f"routes: {len(config.routes)}",
     ]
@@ -52,6 +80,18 @@ def describe(config: Config) -> str:
         lines.append("")
         lines.extend(_describe_route(route))
     return "\n".join(lines) + "\n"
+
+
+def config_warnings(config: Config) -> list[ConfigIssue]:
+    """What `check-config` accepts but warns about (and `run` logs): settings that work
+    and yet leave some requests unprotected, each with what to write instead."""
+    found: list[ConfigIssue] = []
+    for i, route in enumerate(config.routes):
+        if route.reconcile is not None and route.on_unknown_outcome == "reconcile":
+            warning = reconcile_url_warning(route.reconcile.url)
+            if warning:
+                found.append(ConfigIssue(f"routes[{i}].reconcile.url", warning))
+    return found
 
 
 def _describe_access(admin: AdminConfig) -> str:
@@ -68,6 +108,10 @@ def _describe_access(admin: AdminConfig) -> str:
         parts.append(f"identity header {admin.identity_header} believed from {proxies}")
     if admin.session_secret_env:
         parts.append(f"console sessions signed with ${admin.session_secret_env}")
+    if admin.show_headers:
+        parts.append("stored headers also show " + ", ".join(sorted(admin.show_headers)))
+    if admin.show_query:
+        parts.append("stored queries also show " + ", ".join(sorted(admin.show_query)))
     return "operator API: " + "; ".join(parts)
 
 
@@ -113,7 +157,7 @@ def _describe_route(route: Route) -> list[str]:
             "timeouts",
             f"upstream {fmt(route.upstream_timeout)}; keep responses {fmt(route.response_ttl)}",
         ),
-        ("cache statuses", format_statuses(route.cache_statuses)),
+        ("cache statuses", answer_rule(route)),
         (
             "body limits",
             f"request {format_size(route.max_request_body)}; "
@@ -129,7 +173,8 @@ def _describe_route(route: Route) -> list[str]:
                 "reconcile",
                 f"{rec.method} {mask_url(rec.url)}; done {format_statuses(rec.done)}; not done "
                 f"{format_statuses(rec.not_done)}; timeout {fmt(rec.timeout)}; every "
-                f"{fmt(rec.every)}; park after {fmt(rec.park_after)}",
+                f"{fmt(rec.every)}; park after {fmt(rec.park_after)}; {rec.concurrency} "
+                "at once per process",
             )
         )
     if route.delivery.mode == "async":
@@ -178,6 +223,24 @@ def _describe_source(source: KeySource) -> str:
     if source.kind == "hash":
         return "hash of " + ", ".join(source.parts)
     return "the period window alone"
+
+
+def answer_rule(route: Route) -> str:
+    """What the upstream's answer does to a key of `route` (the engine's `_conclude`):
+    a status in cache_statuses completes it; any other, like a request never sent,
+    lets the work run again."""
+    cached = format_statuses(route.cache_statuses)
+    if route.key is None:
+        return f"{cached} (no key: every request passes through)"
+    if route.delivery.mode == "async":
+        return (
+            f"{cached} complete the delivery; any other status, and a request never sent, "
+            "are attempted again"
+        )
+    return (
+        f"{cached} complete the key (replayed); any other status, and a request never "
+        "sent, release it"
+    )
 
 
 def retry_schedule(route: Route, shown: int = 5) -> str:

@@ -2,8 +2,10 @@
 
 `Duration` is `Annotated[float, Check(...)]`: the check reads what the file says ("30s",
 or 30 from Python) into the field's value, or raises a message that says what to
-write; the JSON Schema beside it describes the same forms for editors. Every scalar's
-schema also takes a `${VAR}` text, which the loader expands before validation.
+write; the JSON Schema beside it describes the same forms for editors, and `written`
+names them for the configuration reference (docs/configuration.md), which shows a
+default the way a file writes it (`show`). Every scalar's schema also takes a `${VAR}`
+text, which the loader expands before validation.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from pydantic_core import CoreSchema, core_schema
 
 from gateway.config import units
 from gateway.config.text import kind, secret_kind, show
+from gateway.digits import whole_number
 
 # RFC 9110 token: what a header name or method may be made of.
-_TOKEN_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: RFC 9110's token (a header name, a method): the one spelling of it in the package.
+HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -34,13 +38,25 @@ ENV = {"type": "string", "pattern": r"\$\{"}  # ${VAR}: any setting may come fro
 class Check:
     """Annotated metadata: `read` turns the value as written into the field's value (a
     ValueError, or a ValidationError for items, says what is wrong); `schema` is the
-    JSON Schema of what the file may hold there."""
+    JSON Schema of what the file may hold there; `written` says the same in a few words
+    for the configuration reference ("duration", "list of header names"); `show` writes
+    a value back as a file would (30.0 as "30s"), where the plain value would not."""
 
-    __slots__ = ("read", "schema")
+    __slots__ = ("read", "schema", "show", "written")
 
-    def __init__(self, read: Callable[[Any], Any], schema: Json, *, env: bool = True) -> None:
+    def __init__(
+        self,
+        read: Callable[[Any], Any],
+        schema: Json,
+        *,
+        written: str,
+        show: Callable[[Any], str] | None = None,
+        env: bool = True,
+    ) -> None:
         self.read = read
         self.schema = {"anyOf": [schema, ENV]} if env else schema
+        self.written = written
+        self.show = show
 
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
@@ -63,14 +79,17 @@ class Whole(Check):
             number: int | None = None
             if isinstance(value, int) and not isinstance(value, bool):
                 number = value
-            elif isinstance(value, str) and value.strip().isdigit():
-                number = int(value)
+            elif isinstance(value, str):
+                number = whole_number(units.trim(value))
             if number is None or not low <= number <= high:
                 raise ValueError(f"{show(value)} is not a whole number from {low} to {high}")
             return number
 
         number = {"type": "integer", "minimum": low, "maximum": high}
-        super().__init__(read, {"anyOf": [number, {"type": "string", "pattern": r"^\s*\d+\s*$"}]})
+        digits = {"type": "string", "pattern": r"^ *[0-9]+ *$"}
+        super().__init__(
+            read, {"anyOf": [number, digits]}, written=f"whole number, {low} to {high}"
+        )
 
 
 class OneOf(Check):
@@ -79,13 +98,14 @@ class OneOf(Check):
     __slots__ = ()
 
     def __init__(self) -> None:
-        super().__init__(lambda value: value, {})
+        super().__init__(lambda value: value, {}, written="")
 
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
     ) -> CoreSchema:
         options: tuple[str, ...] = get_args(source)
         self.schema = {"anyOf": [{"enum": list(options)}, ENV]}
+        self.written = either(options)
 
         def read(value: object) -> str:
             if isinstance(value, str) and value in options:
@@ -97,8 +117,14 @@ class OneOf(Check):
         return core_schema.no_info_plain_validator_function(read)
 
 
+def either(options: tuple[str, ...] | list[str]) -> str:
+    """`a`, `b` or `c`: the choices of a setting, as the reference lists them."""
+    quoted = [f"`{option}`" for option in options]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
 def is_token(text: str) -> bool:
-    return _TOKEN_RE.fullmatch(text) is not None
+    return HTTP_TOKEN.fullmatch(text) is not None
 
 
 def is_identifier(text: str) -> bool:
@@ -200,30 +226,51 @@ def list_schema(item: Json, **extra: Any) -> Json:
 
 
 _STRING = {"type": "string"}
-_DURATION = {"anyOf": [{"type": "number", "minimum": 0},
-                       {"type": "string", "pattern": f"^\\s*{units.DURATION_RE.pattern}\\s*$"}],
+_DURATION = {"anyOf": [{"type": "number", "minimum": 0, "maximum": units.MAX_DURATION},
+                       {"type": "string", "pattern": f"^ *{units.DURATION_RE.pattern} *$"}],
              "description": "a duration: 500ms, 30s, 15m, 24h, 7d, or seconds"}  # fmt: skip
 _SIZE = {"anyOf": [{"type": "integer", "minimum": 1},
-                   {"type": "string", "pattern": "^\\s*\\d+\\s*([KkMmGg][Ii]?[Bb]|[Bb])?\\s*$"}],
+                   {"type": "string", "pattern": "^ *[0-9]+ *([KkMmGg][Ii]?[Bb]|[Bb])? *$"}],
          "description": "a size: 512KiB, 1MiB, 10MB, or bytes"}  # fmt: skip
 
-Text = Annotated[str, Check(text, _STRING)]
-OptionalText = Annotated[str, Check(lambda v: text(v, empty_ok=True), _STRING)]
-Secret = Annotated[str, Check(_secret, _STRING)]
-AdminToken = Annotated[str, Check(_token, {"type": ["string", "null"]})]
+Text = Annotated[str, Check(text, _STRING, written="text")]
+OptionalText = Annotated[str, Check(lambda v: text(v, empty_ok=True), _STRING, written="text")]
+Secret = Annotated[str, Check(_secret, _STRING, written="secret text")]
+AdminToken = Annotated[str, Check(_token, {"type": ["string", "null"]}, written="secret text")]
 _BOOLEAN_TEXT = "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])$"
 Flag = Annotated[
     bool,
-    Check(_flag, {"anyOf": [{"type": "boolean"}, {"type": "string", "pattern": _BOOLEAN_TEXT}]}),
+    Check(
+        _flag,
+        {"anyOf": [{"type": "boolean"}, {"type": "string", "pattern": _BOOLEAN_TEXT}]},
+        written="`true` or `false`",
+    ),
 ]
-Duration = Annotated[float, Check(units.parse_duration, _DURATION)]
+Duration = Annotated[
+    float,
+    Check(units.parse_duration, _DURATION, written="duration", show=units.format_duration),
+]
 GraceDuration = Annotated[  # may be 0: no grace
-    float, Check(lambda v: units.parse_duration(v, allow_zero=True), _DURATION)
+    float,
+    Check(
+        lambda v: units.parse_duration(v, allow_zero=True),
+        _DURATION,
+        written="duration, or `0`",
+        show=units.format_duration,
+    ),
 ]
-Size = Annotated[int, Check(units.parse_size, _SIZE)]
-TimeZone = Annotated[str, Check(_timezone, {"type": "string", "description": "an IANA zone"})]
+Size = Annotated[int, Check(units.parse_size, _SIZE, written="size", show=units.write_size)]
+TimeZone = Annotated[
+    str,
+    Check(_timezone, {"type": "string", "description": "an IANA zone"}, written="IANA time zone"),
+]
 RouteName = Annotated[
-    str, Check(_route_name, {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*$"})
+    str,
+    Check(
+        _route_name,
+        {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
+        written="name: letters, digits, `_` `.` `-`",
+    ),
 ]
 
 ConcurrentPolicy = Literal["wait", "reject"]

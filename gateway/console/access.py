@@ -1,12 +1,14 @@
 """Who a console request comes from, and whether a form post is really theirs.
 
 A page is shown to a signed-in operator: a session cookie (console/session.py) that
-the secret signed, that has not expired, and whose name is in the current operator
-list (`Gateway.operators`, rebuilt on reload), which also gives the role; behind a
-single-sign-on proxy, one whose name is the one the proxy's header sends. A post
-needs that and more: an Origin that is the console's own and the session's CSRF
-token (console/csrf.py), checked before the form is acted on. Anything less is
-refused and changes nothing.
+the secret signed, that has not expired, whose name is in the current operator list
+(`Gateway.operators`, rebuilt on reload), which also gives the role, whose
+credential (the token, or the identity header's source, that signed them in) is
+still theirs, and whose roster entry (gateway/operators/roster.py) still gives the time it gave
+when the session began; behind a single-sign-on proxy, one whose name is the one the
+proxy's header sends. A post needs that and more: an Origin that is the console's own and
+the session's CSRF token (console/csrf.py), checked before the form is acted on.
+Anything less is refused and changes nothing.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from urllib.parse import parse_qs
 from starlette.requests import Request
 
 from gateway.console import csrf
-from gateway.console.session import COOKIE, Session, decode
-from gateway.operators import Operator
+from gateway.console.session import COOKIE, Session, decode, holds, issue
+from gateway.digits import whole_number
+from gateway.errors import StoreError
+from gateway.operators.identity import Operator, roster_entry
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.assembly import Gateway
 
 #: A console form is a note, a response to replay and a few names; the largest is a
 #: resolve's response body, written into a text field.
@@ -34,7 +38,9 @@ class ConsoleOff(Exception):
 
 
 class SignedOut(Exception):
-    """No valid session: none, forged, altered, expired, or its operator was removed."""
+    """No valid session: none, forged, altered, expired, its operator was removed, the
+    credential it was signed in with is no longer theirs, or their roster entry has a
+    time other than the session's (they were removed and added back since)."""
 
 
 class Forged(Exception):
@@ -85,9 +91,13 @@ def scheme_of(request: Request) -> str:
     return "http"
 
 
-def visitor(request: Request) -> Visitor:
-    """The signed-in operator, or SignedOut. The name is looked up in the current
-    operator list on every request: removing an operator signs them out."""
+async def visitor(request: Request) -> Visitor:
+    """The signed-in operator, or SignedOut. The name and the credential are looked up
+    in the current operator list on every request, and the roster entry's time in
+    this process's copy of the store's roster (read again first when the session is
+    newer than the copy): removing an operator, or rotating their token, signs them
+    out at their next click, and adding them back signs in none of their old
+    sessions. StoreError when the store's roster cannot be read."""
     gateway = gateway_of(request)
     secret = secret_of(gateway)
     value = request.cookies.get(COOKIE)
@@ -97,6 +107,25 @@ def visitor(request: Request) -> Visitor:
     operator = gateway.operators.by_name(session.name)
     if operator is None:
         raise SignedOut(f"{session.name} is no longer an operator of this gateway.")
+    if not holds(secret, session, gateway.operators.credential(session.name, session.made_by)):
+        raise SignedOut(_credential_gone(session))
+    entry = roster_entry(session.name, session.made_by)
+    since = gateway.roster.since(entry)
+    if since is None or since < session.since_ms:
+        # A session newer than this process's copy of the roster (another replica
+        # recorded a change this one has not read yet): read the store's first. Times
+        # only grow, so an older session never costs this.
+        await gateway.roster.refresh()
+        since = gateway.roster.since(entry)
+    if since is None and not gateway.roster.reachable:
+        # Not known yet (the store has not answered since this process loaded its
+        # config): nothing says the session is over, nor that it counts.
+        raise StoreError("the operator roster could not be read from the store")
+    if since != session.since_ms:
+        raise SignedOut(
+            f"{session.name} was removed from the operator list, or given another "
+            "credential, since this session began; sign in again."
+        )
     if _proxy_disowns(request, gateway, session):
         # Behind the single-sign-on proxy its header says who is at this browser now
         # (the proxy's session may have changed hands since this cookie was issued):
@@ -106,6 +135,34 @@ def visitor(request: Request) -> Visitor:
             "sign in again."
         )
     return Visitor(operator, session, csrf.token_for(secret, session))
+
+
+def _credential_gone(session: Session) -> str:
+    if session.made_by == "identity_header":
+        return (
+            f"The single-sign-on settings or {session.name}'s token has changed since this "
+            "session began; sign in again."
+        )
+    return (
+        f"The token {session.name} signed in with has changed since (a new token was "
+        "given); sign in with the current one."
+    )
+
+
+async def issue_session(gateway: Gateway, name: str, made_by: str) -> str:
+    """The cookie value of a new session for `name`, signed in by `made_by`, standing
+    on the credential the current config gives them (`Operators.credential`) and the
+    time their roster entry gives (recorded first if the store's roster does not hold
+    it as this config has it; StoreError if the store does not answer)."""
+    secret = secret_of(gateway)
+    credential = gateway.operators.credential(name, made_by)
+    if credential is None:
+        raise SignedOut(f"{name} is no operator of this gateway.")
+    since = await gateway.roster.confirmed(roster_entry(name, made_by))
+    if since is None:
+        raise SignedOut(f"{name} is no operator of this gateway.")
+    _, value = issue(secret, name, credential, made_by=made_by, since_ms=since)
+    return value
 
 
 def _proxy_disowns(request: Request, gateway: Gateway, session: Session) -> bool:
@@ -132,8 +189,8 @@ def _proxy_disowns(request: Request, gateway: Gateway, session: Session) -> bool
 
 async def posted_form(request: Request, limit: int) -> dict[str, str]:
     """The post's fields (the first value of each), read to at most `limit` bytes."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    declared = whole_number(request.headers.get("content-length", ""))
+    if declared is not None and declared > limit:
         raise Forged(f"The form is larger than any console form ({limit} bytes).")
     chunks: list[bytes] = []
     size = 0
@@ -162,7 +219,7 @@ async def poster(request: Request, limit: int = FORM_OVERHEAD) -> tuple[Visitor,
     """The operator who posted this form, and its fields; or SignedOut, or Forged.
     The Origin is checked first, then the session, then its CSRF token."""
     check_origin(request)
-    who = visitor(request)
+    who = await visitor(request)
     form = await posted_form(request, limit)
     if not csrf.token_ok(secret_of(gateway_of(request)), who.session, form.get(csrf.FIELD)):
         raise Forged("The form's CSRF token is missing or is not this session's.")

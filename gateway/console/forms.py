@@ -1,7 +1,7 @@
 """The console's form posts: sign in, sign out, claim (and take over), resolve.
 
 Each post is checked by console/access.py (Origin, session, CSRF token) before its
-fields are read, acts through gateway/actions.py (client "console": the log line and
+fields are read, acts through gateway/operators/actions.py (client "console": the log line and
 the metric say so), and answers with a redirect to the key's page (post, redirect,
 get: a reload never posts twice). A refused action draws the key's page again as it
 is now, with why in words, and the refusal's status.
@@ -14,23 +14,25 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from gateway import actions
 from gateway.console import pages
 from gateway.console.access import (
     FORM_OVERHEAD,
     Visitor,
     check_origin,
     gateway_of,
+    issue_session,
     posted_form,
     poster,
     scheme_of,
     secret_of,
 )
 from gateway.console.rendering import PREFIX, key_url, page
-from gateway.console.session import clearing_header, issue
+from gateway.console.session import clearing_header
 from gateway.console.wording import Refusal, refusal_for
+from gateway.digits import whole_number
 from gateway.errors import BadResponse, OperatorRefusal
-from gateway.operators import audit_sign_in
+from gateway.operators import actions
+from gateway.operators.identity import audit_sign_in
 from gateway.records import KeyRef, State
 
 #: The console asks for a note on every `done` (the API leaves it optional); said
@@ -47,7 +49,7 @@ async def signin(request: Request) -> Response:
     shows it came from the console's own sign-in form."""
     check_origin(request)
     gateway = gateway_of(request)
-    secret = secret_of(gateway)
+    secret_of(gateway)  # ConsoleOff before the form is read
     form = await posted_form(request, FORM_OVERHEAD)
     target = pages.safe_next(form.get("next"))
     operator = gateway.operators.by_token(form.get("token", "").strip())
@@ -64,7 +66,7 @@ async def signin(request: Request) -> Response:
         context = pages.base(None) | {"next": target}
         context["refusal"] = Refusal("Not signed in", words)
         return page(request, "signin.html", context, 401)
-    _, cookie = issue(secret, operator.name)
+    cookie = await issue_session(gateway, operator.name, "token")
     audit_sign_in("console", peer, operator)
     return pages.signed_in(request, cookie, target)
 
@@ -119,7 +121,7 @@ async def claim(request: Request) -> Response:
 
 def response_given(form: dict[str, str]) -> dict[str, Any] | None:
     """The response to replay, from the done form's three fields; None when all are
-    empty. The values are checked by gateway/admin_responses.py, like the API's."""
+    empty. The values are checked by gateway/operators/response.py, like the API's."""
     status_text = form.get("response_status", "").strip()
     header_text = form.get("response_headers", "")
     body = form.get("response_body", "")
@@ -127,12 +129,13 @@ def response_given(form: dict[str, str]) -> dict[str, Any] | None:
         return None
     given: dict[str, Any] = {"body": body}
     if status_text:
-        if not status_text.isdigit():
+        status = whole_number(status_text)
+        if status is None:
             raise BadResponse(
                 f"The status {status_text!r} is not a number: give 200 to 599.",
                 field="response.status",
             )
-        given["status"] = int(status_text)
+        given["status"] = status
     headers: dict[str, str] = {}
     for number, line in enumerate(header_text.splitlines(), start=1):
         if not line.strip():

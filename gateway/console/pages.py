@@ -1,34 +1,39 @@
 """The console's pages: what a GET shows. Posts are console/forms.py's.
 
 Every page needs a signed-in operator (console/access.py); a viewer sees every page
-an operator does, without the action forms. Reads go through gateway/actions.py, the
+an operator does, without the action forms. Reads go through gateway/operators/actions.py, the
 same functions the operator API answers from, so the console and the API never
 disagree about a key.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from gateway import actions
 from gateway.console.access import (
     SignedOut,
     Visitor,
     gateway_of,
+    issue_session,
     scheme_of,
     secret_of,
     visitor,
 )
-from gateway.console.rendering import PREFIX, key_url, page
-from gateway.console.session import clearing_header, cookie_header, issue
+from gateway.console.rendering import HEADERS, PREFIX, key_url, page
+from gateway.console.session import clearing_header, cookie_header
 from gateway.console.timeline import timeline
 from gateway.console.wording import Refusal, notice_for, refusal_for
 from gateway.errors import BadFilter, OperatorRefusal, Unauthorized
-from gateway.operators import Role, audit_sign_in
+from gateway.operators import actions
+from gateway.operators.identity import Role, audit_sign_in
+from gateway.operators.redaction import ShownRequest, UnreadableRequest
+from gateway.operators.text import NOTE_LIMIT
 from gateway.records import KeyRef, Record, State
 
 #: What the keys page shows when no state is ticked: the keys that wait for a person.
@@ -56,7 +61,7 @@ def safe_next(target: str | None) -> str:
 
 
 async def overview_page(request: Request) -> Response:
-    who = visitor(request)
+    who = await visitor(request)
     doc = await actions.overview(gateway_of(request))
     context = base(who, "overview") | {"store": doc["store"], "routes": doc["routes"]}
     context["open_states"] = DEFAULT_STATES
@@ -70,49 +75,90 @@ def _filters(request: Request) -> tuple[list[str], str, str]:
 
 
 async def _rows(request: Request) -> tuple[dict[str, Any], int]:
-    """The keys the filters name, and the page's status (400 for a bad filter)."""
+    """One page of the keys the filters name (from `cursor`), how many there are in
+    all, the links to the pages around it, and the page's status (400 for a bad
+    filter). The store reads a page and its counts, whatever the number of keys."""
     gateway = gateway_of(request)
     states, route, older_than = _filters(request)
+    cursor = request.query_params.get("cursor", "")
     refusal: Refusal | None = None
-    rows: list[Record] = []
+    page = None
+    total: int | None = None
     try:
         wanted = actions.parse_states(",".join(states))
         age = actions.parse_age(older_than)
+        page = await actions.list_keys(gateway, wanted, route or None, age, cursor)
+        total = await actions.totals(gateway, wanted, route or None)
     except BadFilter as exc:
         refusal = refusal_for(exc)
-    else:
-        rows = await actions.list_keys(gateway, wanted, route or None, age)
-    query = urlencode(
-        [("state", s) for s in states] + [("route", route), ("older_than", older_than)]
-    )
+    filters = [("state", s) for s in states] + [("route", route), ("older_than", older_than)]
+
+    def at(where: str, path: str = "/keys") -> str:
+        return f"{PREFIX}{path}?" + urlencode(filters + ([("cursor", where)] if where else []))
+
     context = {
-        "rows": rows,
-        "read_ms": rows[0].now_ms if rows else 0,
+        "rows": page.records if page is not None else [],
+        "read_ms": page.now_ms if page is not None else 0,
+        "total": total,
+        "first_url": at("") if cursor else "",
+        "prev_url": at(page.prev) if page is not None and page.prev else "",
+        "next_url": at(page.next) if page is not None and page.next else "",
         "states": states,
         "route": route,
         "older_than": older_than,
         "routes": [r.name for r in gateway.config.routes],
         "all_states": list(actions.LISTABLE),
-        "fragment_url": f"{PREFIX}/keys/rows?{query}",
+        "fragment_url": at(cursor, "/keys/rows"),
         "refusal": refusal,
     }
     return context, 400 if refusal else 200
 
 
+def rows_tag(context: dict[str, Any]) -> str:
+    """An ETag of what the keys table shows but the ages (the live refresh counts those
+    on in the browser): who is where since when, the total, the links."""
+    shown = [
+        (
+            r.digest,
+            str(r.state),
+            r.since_ms,
+            r.holder,
+            r.holder_since_ms,
+            r.reason,
+            r.attempts,
+            r.due_ms,
+            r.last_check_ms,
+        )
+        for r in context["rows"]
+    ]
+    links = (context["first_url"], context["prev_url"], context["next_url"])
+    text = json.dumps([shown, context["total"], links, bool(context["refusal"])])
+    return '"' + hashlib.sha256(text.encode()).hexdigest()[:32] + '"'
+
+
 async def keys_page(request: Request) -> Response:
-    who = visitor(request)
+    who = await visitor(request)
     rows, status = await _rows(request)
+    rows["refresh_tag"] = rows_tag(rows)  # the live refresh's first If-None-Match
     return page(request, "keys.html", base(who, "keys") | rows, status)
 
 
 async def keys_rows(request: Request) -> Response:
-    """The keys table alone: what the live refresh (static/refresh.js) fetches."""
+    """The keys table alone: what the live refresh (static/refresh.js) fetches, with
+    an ETag; asked again with it, an unchanged table is 304 and nothing is drawn."""
     try:
-        visitor(request)
-    except SignedOut:
-        return Response("signed out", status_code=401, media_type="text/plain")
+        await visitor(request)
+    except SignedOut as exc:
+        # The live refresh stops on the status; the page says why to anyone else.
+        context = base(None) | {"refusal": Refusal("Signed out", str(exc))}
+        return page(request, "refused.html", context, 401)
     rows, status = await _rows(request)
-    return page(request, "keys_table.html", rows, status)
+    tag = rows_tag(rows)
+    if status == 200 and request.headers.get("if-none-match") == tag:
+        return Response(status_code=304, headers={**HEADERS, "ETag": tag})
+    answer = page(request, "keys_table.html", rows, status)
+    answer.headers["ETag"] = tag
+    return answer
 
 
 def ref_of(request: Request, source: dict[str, str] | None = None) -> KeyRef:
@@ -126,17 +172,21 @@ def ref_of(request: Request, source: dict[str, str] | None = None) -> KeyRef:
 async def key_context(request: Request, who: Visitor, record: Record) -> dict[str, Any]:
     gateway = gateway_of(request)
     ref_query = urlencode({"route": record.route, "key": record.key, "digest": record.digest})
+    stored = await actions.stored_request(gateway, record)
     return base(who, "keys") | {
         "record": record,
         "timeline": timeline(record),
-        "request_shown": await actions.stored_request(gateway, record),
+        "request_shown": stored if isinstance(stored, ShownRequest) else None,
+        "request_unreadable": stored.reason if isinstance(stored, UnreadableRequest) else "",
+        "response_headers": actions.stored_response_headers(gateway, record),
         "can_act": who.operator.role is Role.OPERATOR,
+        "note_limit": NOTE_LIMIT,
         "ref_query": ref_query,
     }
 
 
 async def key_page(request: Request) -> Response:
-    who = visitor(request)
+    who = await visitor(request)
     try:
         record = await actions.show(gateway_of(request), ref_of(request))
     except OperatorRefusal as exc:
@@ -151,7 +201,7 @@ async def takeover_page(request: Request) -> Response:
     """Asks to confirm a takeover, naming the holder and since when. Taking over is a
     post from this page (console/forms.py), never a link: a link can be followed by
     accident, or by a prefetch."""
-    who = visitor(request)
+    who = await visitor(request)
     gateway = gateway_of(request)
     try:
         record = await actions.show(gateway, ref_of(request))
@@ -171,7 +221,7 @@ async def signin_page(request: Request) -> Response:
     target = safe_next(request.query_params.get("next"))
     operators = gateway.operators
     if operators.identity_header and request.headers.get(operators.identity_header):
-        secret = secret_of(gateway)
+        secret_of(gateway)  # ConsoleOff before a session is made
         host = request.client.host if request.client else None
         try:
             operator = operators.authenticate(request.headers, host)
@@ -180,11 +230,11 @@ async def signin_page(request: Request) -> Response:
             if operators.trusts(host):  # the proxy named nobody; from elsewhere: ignored
                 audit_sign_in("console", host, None, exc.slug, exc.detail or exc.title)
         if operator is not None and operator.via == "identity_header":
-            _, value = issue(secret, operator.name, made_by="identity_header")
+            value = await issue_session(gateway, operator.name, "identity_header")
             audit_sign_in("console", host, operator)
             return signed_in(request, value, target)
     try:
-        who: Visitor | None = visitor(request)
+        who: Visitor | None = await visitor(request)
     except SignedOut:
         who = None
     if who is not None:

@@ -3,7 +3,11 @@
 Everything on a page that is not the template's own text came from someone else:
 keys, notes, reasons and headers are written by callers, upstreams and operators.
 Autoescape is on for every template, and no template marks anything `|safe`, so a
-key such as `"><img src=x onerror=alert(1)>` is drawn as those characters. The
+key such as `"><img src=x onerror=alert(1)>` is drawn as those characters. Every value
+a template draws has its invisible characters spelled out (`visible`: a right-to-left
+override is drawn `⟨U+202E⟩` and reorders nothing, a zero-width space cannot make two
+keys look alike); a form's hidden field that posts a key back takes it as it is
+(`|exact`). The
 Content-Security-Policy is the second wall: scripts and styles only from the console's
 own static files (no inline script, no inline style, no `on...=` handler runs), no
 frames, forms posting only to the console itself.
@@ -16,11 +20,13 @@ from typing import Any
 from urllib.parse import urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup, escape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.templating import Jinja2Templates
 
 from gateway.console.timeline import fields
+from gateway.operators.text import is_invisible
 
 PREFIX = "/console"
 
@@ -79,6 +85,28 @@ def age(seconds: float | None) -> str:
     return f"{secs}s"
 
 
+def visible(text: str) -> str:
+    """`text` with each character that shows nothing of its own (format characters,
+    line and paragraph separators: operator_text.INVISIBLE) spelled out as
+    `⟨U+202E⟩`: drawn in the order it is stored, and as long as it is."""
+    if text.isascii():
+        return text  # no invisible character is ASCII
+    return "".join(f"⟨U+{ord(c):04X}⟩" if is_invisible(c) else c for c in text)
+
+
+def _drawn(value: Any) -> Any:
+    """Jinja's `finalize`: what every `{{ ... }}` draws. Markup (`|exact`) is drawn as
+    it is; other text is `visible`."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return visible(value)
+    return value
+
+
+def exact(value: Any) -> Markup:
+    """A value drawn as it is, escaped: for a form field that posts it back."""
+    return escape(value)
+
+
 def key_url(route: str, key: str, digest: str) -> str:
     """A key's page. Route and key go in the query, not the path: a key may hold `/`,
     `..`, `?` or `#`, which a browser would resolve or cut in a path."""
@@ -92,8 +120,9 @@ def environment() -> Environment:
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_drawn,
     )
-    env.filters.update(when=when, iso=iso, age=age, fields=fields)
+    env.filters.update(when=when, iso=iso, age=age, fields=fields, exact=exact)
     env.globals.update(key_url=key_url, prefix=PREFIX)
     return env
 

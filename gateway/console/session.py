@@ -1,6 +1,8 @@
-"""The console's session: a signed, expiring cookie that names an operator.
+"""The console's session: a signed, expiring cookie that names an operator and the
+credential they signed in with.
 
-    value = base64url(JSON [version, name, issued_s, expires_s, nonce, made_by]) "." base64url(MAC)
+    value = base64url(JSON [version, name, issued_s, expires_s, nonce, made_by, credential,
+                            since_ms]) "." base64url(MAC)
     MAC   = HMAC-SHA256(key, payload), key = HMAC-SHA256(secret, "... session")
 
 The secret is `admin.session_secret` (read from the environment variable that
@@ -17,6 +19,19 @@ from an earlier session, or from another operator's, is worth nothing here.
 `made_by` says what signed the operator in: their token ("token"), or the
 single-sign-on proxy's identity header ("identity_header"), whose word a session it
 made depends on for as long as it lasts (console/access.py).
+
+`credential` is a fingerprint of what the session stands on: the operator's token,
+and for a session the identity header made, the header's source too
+(`Operators.credential`), keyed under the secret so the cookie tells nothing of the
+token. Every request compares it with the current config's: rotate a token (or
+change the single-sign-on settings) and reload, and every session it opened is over
+on each replica that reloaded.
+
+`since_ms` is the time the operator's roster entry (gateway/operators/roster.py: the store's
+answer, the same on every replica) gave when the session began. A session counts only
+while the entry still gives that time: an operator removed and added back, or whose
+token is rotated and rotated back, has a new time, and no session from before counts
+again, whatever token they come back with.
 """
 
 from __future__ import annotations
@@ -36,7 +51,8 @@ CLOCK_SKEW = 60
 COOKIE = "console_session"
 #: The cookie is sent to the console's own paths only, never to /admin or /metrics.
 COOKIE_PATH = "/console/"
-_VERSION = 1
+#: The cookie's layout (its fields as `encode` writes them); any other is refused.
+_VERSION = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +64,10 @@ class Session:
     nonce: str
     #: "token" or "identity_header": what signed the operator in
     made_by: str = "token"
+    #: `fingerprint` of the credential that signed them in
+    credential: str = ""
+    #: the time (ms, the store's) the operator's roster entry gave when it began
+    since_ms: int = 0
 
 
 def derived_key(secret: bytes, purpose: str) -> bytes:
@@ -67,19 +87,45 @@ def _mac(secret: bytes, payload: str) -> bytes:
     return hmac.new(derived_key(secret, "session"), payload.encode(), hashlib.sha256).digest()
 
 
+def fingerprint(secret: bytes, name: str, made_by: str, credential: bytes) -> str:
+    """What a cookie carries of the credential `name` signed in with (made_by): keyed
+    under the secret, so it can be neither read back nor made without it."""
+    key = derived_key(secret, "credential")
+    message = json.dumps([name, made_by]).encode() + b"\n" + credential
+    return _b64(hmac.new(key, message, hashlib.sha256).digest()[:16])
+
+
 def issue(
-    secret: bytes, name: str, now: float | None = None, made_by: str = "token"
+    secret: bytes,
+    name: str,
+    credential: bytes,
+    now: float | None = None,
+    made_by: str = "token",
+    since_ms: int = 0,
 ) -> tuple[Session, str]:
-    """A new session for `name`, and the cookie value that carries it."""
+    """A new session for `name`, signed in by `made_by` with `credential`
+    (`Operators.credential`) while their roster entry gives `since_ms`, and the cookie
+    value that carries it."""
     issued = int(time.time() if now is None else now)
-    session = Session(name, issued, issued + SESSION_TTL, secrets.token_urlsafe(16), made_by)
+    held = fingerprint(secret, name, made_by, credential)
+    nonce = secrets.token_urlsafe(16)
+    session = Session(name, issued, issued + SESSION_TTL, nonce, made_by, held, since_ms)
     return session, encode(secret, session)
+
+
+def holds(secret: bytes, session: Session, credential: bytes | None) -> bool:
+    """Whether `session` was signed in with `credential` (the current config's; None:
+    there is none), compared in constant time."""
+    if credential is None:
+        return False
+    expected = fingerprint(secret, session.name, session.made_by, credential)
+    return hmac.compare_digest(expected.encode(), session.credential.encode())
 
 
 def encode(secret: bytes, session: Session) -> str:
     doc = [
         _VERSION, session.name, session.issued_s, session.expires_s, session.nonce,
-        session.made_by,
+        session.made_by, session.credential, session.since_ms,
     ]  # fmt: skip
     payload = _b64(json.dumps(doc, separators=(",", ":")).encode())
     return f"{payload}.{_b64(_mac(secret, payload))}"
@@ -99,10 +145,13 @@ def decode(secret: bytes, value: str, now: float | None = None) -> Session | Non
     if not hmac.compare_digest(mac.encode(), _b64(_mac(secret, payload)).encode()):
         return None
     try:
-        version, name, issued, expires, nonce, made_by = json.loads(_unb64(payload))
+        doc = json.loads(_unb64(payload))
+        version, name, issued, expires, nonce, made_by, credential, since = doc
     except (ValueError, TypeError):
         return None
     if version != _VERSION or not isinstance(name, str) or not isinstance(nonce, str):
+        return None
+    if not isinstance(credential, str) or type(since) is not int:
         return None
     if made_by not in ("token", "identity_header"):
         return None
@@ -111,7 +160,7 @@ def decode(secret: bytes, value: str, now: float | None = None) -> Session | Non
     moment = time.time() if now is None else now
     if not issued - CLOCK_SKEW <= moment < expires:
         return None
-    return Session(name, issued, expires, nonce, made_by)
+    return Session(name, issued, expires, nonce, made_by, credential, since)
 
 
 def cookie_header(value: str, secure: bool, max_age: int = SESSION_TTL) -> str:

@@ -1,13 +1,17 @@
 """The console's app, mounted at /console/ on the admin listener: its routes, and how
 each failure is drawn (signed out: to the sign-in form; forged: 403; the store down:
-503), always as a page with the console's headers, never a traceback.
+503; a page that is not there: 404; a method a page does not take: 405; an exception
+no handler expected: 500, the cause in the log), always as a page with the console's
+headers, never a traceback or Starlette's plain text.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
@@ -20,7 +24,9 @@ from gateway.console.wording import Refusal, refusal_for
 from gateway.errors import OperatorRefusal, StoreError
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.assembly import Gateway
+
+log = logging.getLogger("gateway.admin")
 
 
 async def _signed_out(request: Request, exc: Exception) -> Response:
@@ -43,9 +49,44 @@ async def _refused(request: Request, exc: Exception) -> Response:
 
 
 async def _store_down(request: Request, exc: Exception) -> Response:
-    words = f"The store did not answer ({exc}). Nothing was changed; try again shortly."
+    log.error("store failed under a console request: %s", exc)  # the driver's words
+    words = (
+        "The store did not answer. Nothing was changed; try again shortly (the gateway's "
+        "log says why)."
+    )
     context = pages.base(None) | {"refusal": Refusal("The store is unreachable", words)}
     return page(request, "refused.html", context, 503)
+
+
+async def _unmatched(request: Request, exc: Exception) -> Response:
+    """What Starlette raises itself: no page at this path (404), or a method the page
+    does not take (405, with Allow)."""
+    assert isinstance(exc, HTTPException)
+    headers: dict[str, str] = {}
+    if exc.status_code == 405:
+        allow = (exc.headers or {}).get("Allow", "")
+        headers["Allow"] = allow
+        words = f"This page takes {allow or 'other methods'}; nothing was changed."
+        refusal = Refusal("Not this way", words)
+    elif exc.status_code == 404:
+        refusal = Refusal("No such page", "The console has no page at this address.")
+    else:  # nothing else is raised on these routes; drawn as a refusal all the same
+        refusal = Refusal("Refused", f"{exc.detail}. Nothing was changed.")
+    response = page(
+        request, "refused.html", pages.base(None) | {"refusal": refusal}, exc.status_code
+    )
+    response.headers.update(headers)
+    return response
+
+
+async def _failed(request: Request, exc: Exception) -> Response:
+    # The exception and its traceback are logged by the server it is raised on to.
+    words = (
+        "An unexpected error stopped this page; the gateway's log says which. An action "
+        "may have been taken before it failed: open the key again before repeating it."
+    )
+    context = pages.base(None) | {"refusal": Refusal("Something went wrong", words)}
+    return page(request, "refused.html", context, 500)
 
 
 def create_console(gateway: Gateway) -> Starlette:
@@ -69,6 +110,8 @@ def create_console(gateway: Gateway) -> Starlette:
             Forged: _forged,
             OperatorRefusal: _refused,
             StoreError: _store_down,
+            HTTPException: _unmatched,
+            Exception: _failed,
         },
     )
     app.state.gateway = gateway

@@ -4,9 +4,11 @@ The store records each move of a key as an event (gateway/records.py's legend,
 `Record.to_json()["history"]`): `forwarded` or `accepted`, `attempt`, `unknown` and
 why, each `reconcile` check and its answer, `parked`, `claimed` by whom (and from
 whom, for a takeover), `resolved` by whom, how and with what note, `completed`,
-`released`, `retry_scheduled`. Each becomes one entry, worded by
-`records.describe_event` (the words `keys show` prints too); fields it does not say
-are listed beside it, so an event or field added later is never hidden.
+`released`, `retry_scheduled`, `put_back` (a pick the store's replicas did not
+confirm, undone unsent), `unreadable` (a history that was damaged in the store). Each
+becomes one entry, worded by `records.describe_event` (the words `keys show` prints
+too); fields it does not say are listed beside it, so an event or field added later
+is never hidden.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def fields(value: Any) -> str:
 #: The events describe_event words; of any other, it lists every field itself.
 _KNOWN = {
     "forwarded", "accepted", "unknown", "parked", "released", "completed", "reconcile",
-    "claimed", "resolved", "attempt", "retry_scheduled",
+    "claimed", "resolved", "attempt", "retry_scheduled", "put_back", "unreadable",
 }  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """What the console says when it refuses, or has done something: in words, not codes.
 
-A refusal from gateway/actions.py carries what a program needs (`holder`,
+A refusal from gateway/operators/actions.py carries what a program needs (`holder`,
 `holder_since_ms`, `state`); the API's detail is written for a program's author
 ("send force: true"). The console says the same thing to the person at the screen:
 who holds the key since when, what the key's state means, what to do next.
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from gateway.console.rendering import age, when
 from gateway.errors import (
     HeldByAnother,
+    InvalidText,
     InvalidTransition,
     NotTheHolder,
     OperatorRefusal,
@@ -80,6 +81,8 @@ def refusal_for(exc: OperatorRefusal) -> Refusal:
             f"Route {exc.route} has no record of key {exc.key}: it expired, was released "
             "and forgotten, or was never made.",
         )
+    if isinstance(exc, InvalidText):
+        return Refusal("Not done: the text cannot be kept", f"{exc.detail} Nothing was changed.")
     return Refusal(f"Refused: {exc.title}", exc.detail or exc.title)
 
 

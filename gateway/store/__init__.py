@@ -1,4 +1,12 @@
-"""Stores of idempotency records: memory, Redis (single, Sentinel, Cluster) or PostgreSQL."""
+"""Stores of idempotency records: memory, Redis (single, Sentinel, Cluster), PostgreSQL
+or SQLite.
+
+base.py is the interface every store implements (its docstrings are the contract) and
+what each store shares: pages.py (a listing's order, cursor and page), notices.py
+(waking waiters and delivery workers), operator_roster.py (the roster's contract).
+memory.py is the in-process store, whole; redis/, postgres/ and sqlite/ are a store
+each, its `store.py` holding the parts it hands what they need (see each package's
+docstring). Nothing here imports a store but `open_store`, and only the one configured."""
 
 from __future__ import annotations
 
@@ -24,6 +32,10 @@ def open_store(config: StoreConfig, config_path: str = "FILE") -> Store:
                 "pip install 'idempotency-gateway[postgres]'"
             ) from None
         return PostgresStore(config, config_path)
+    if config.kind == "sqlite":
+        from gateway.store.sqlite import SqliteStore
+
+        return SqliteStore(config)
     # Imported only when used: the demo and memory:// deployments need no Redis.
     from gateway.store.redis import RedisStore
 

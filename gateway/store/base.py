@@ -14,7 +14,14 @@ forward. Workers are woken by `due` notices (at-most-once, like `notifier`) and 
 own timers; `due_candidates` is the rescan for notices that were lost, and reads the
 due indexes only.
 
-Both implementations pass the contract suite in tests/test_store_contract.py.
+Operator surfaces read pages (`list_records`, from a cursor) and counts the store
+keeps as records change (`stats`, `queue_stats`): neither grows with the records.
+`accept` decides an async route's bound against the store's own count, in its step.
+
+The store also keeps the operator roster: store/operator_roster.py, whose contract Store
+takes on.
+
+Every implementation passes the contract suite in tests/test_store_contract.py.
 """
 
 from __future__ import annotations
@@ -22,13 +29,24 @@ from __future__ import annotations
 import abc
 import asyncio
 import random
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 from gateway.encryption import PLAIN, ResponseCodec, Unreadable
-from gateway.records import OPEN_STATES, KeyRef, Record, State, StoredRequest, StoredResponse
+from gateway.records import (
+    KeyRef,
+    QueueStat,
+    Record,
+    State,
+    StateCount,
+    StoredRequest,
+    StoredResponse,
+    StoreInfo,
+)
 from gateway.store.notices import Due, DueFeed, Notifier, Watch
+from gateway.store.operator_roster import OperatorRoster, RosterEntry
+from gateway.store.pages import MAX_PAGE_SIZE, PAGE_SIZE, Page
 
 if TYPE_CHECKING:
     from gateway.config import StoreConfig
@@ -45,6 +63,12 @@ EXPIRED_POLICY: dict[str, ExpiredPolicy] = {
 }
 
 
+def duration_ms(seconds: float) -> int:
+    """A lease, ttl or lock in the stores' milliseconds: never 0, which Redis and the
+    SQL read as "no expiry"."""
+    return max(1, int(seconds * 1000))
+
+
 def codec_for(config: StoreConfig) -> ResponseCodec:
     """How the configured store writes responses: sealed when a key is set; and reads
     them: plain ones only without a key, or with store.read_unencrypted."""
@@ -55,70 +79,6 @@ def codec_for(config: StoreConfig) -> ResponseCodec:
         config.previous_encryption_keys,
         read_plain=config.read_unencrypted,
     )
-
-
-#: How much harm each maxmemory-policy can do to records, least first: noeviction
-#: refuses writes when memory is full; volatile-* evict keys with a ttl (completed
-#: and released records: their keys run again); allkeys-* evict any record.
-_EVICTION_HARM = {"noeviction": 0, "volatile": 1, "allkeys": 2}
-_AOF_HARM = {"yes": 0, "n/a": 0, "unknown": 1, "no": 2}
-
-
-@dataclass(frozen=True, slots=True)
-class StoreInfo:
-    """How the store keeps records, as it reports it (Redis: INFO, which managed
-    services allow where CONFIG is disabled)."""
-
-    #: Redis maxmemory-policy: anything but "noeviction" may drop records, and a
-    #: dropped record is a key that runs again. "unknown" if INFO would not say.
-    maxmemory_policy: str
-    #: "yes": every write also goes to an append-only file; "no": a restart loses
-    #: what the last snapshot (if any) did not hold; "n/a": nothing to persist.
-    aof: str
-    #: where it was read, for messages: an address, or the cluster master it came from
-    source: str = ""
-    #: why INFO could not be read (an ACL without +info), if it could not
-    error: str = ""
-
-    @property
-    def evicts(self) -> bool:
-        return self.maxmemory_policy != "noeviction"
-
-    def worse(self, other: StoreInfo) -> StoreInfo:
-        """Of two servers' answers, the policy more likely to lose records and the
-        persistence more likely to lose them: what holds for all of them."""
-
-        def harm(info: StoreInfo) -> int:
-            return _EVICTION_HARM.get(info.maxmemory_policy.partition("-")[0], 3)
-
-        policy = self if harm(self) >= harm(other) else other
-        aof = max(self.aof, other.aof, key=lambda aof: _AOF_HARM.get(aof, 1))
-        return replace(policy, aof=aof)
-
-    def refusal(self, allow_eviction: bool) -> str:
-        """Why a gateway on this store is not ready, or "" if it is."""
-        if not self.evicts or allow_eviction:
-            return ""
-        where = f"Redis at {self.source}" if self.source else "Redis"
-        if self.error:
-            found = f"{where} did not say its maxmemory-policy ({self.error})"
-            fix = "allow the gateway's Redis user to run INFO (+info)"
-        else:
-            found = f"{where} has maxmemory-policy {self.maxmemory_policy}"
-            fix = "set maxmemory-policy noeviction"
-        return (
-            f"{found}: it may evict records, and a key whose record is evicted runs "
-            f"again. {fix[0].upper()}{fix[1:]}, or store.allow_eviction: true if a key "
-            "may run again when Redis evicts its record"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class StateCount:
-    route: str
-    state: State
-    count: int
-    oldest_seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +93,37 @@ class OperatorResult:
     holder_since_ms: int = 0
 
 
+class NewDelivery(NamedTuple):
+    """What `accept` queues: `request` under `ref` for `run_id`, with its status `token`.
+    `limit` bounds the route's queued and retrying deliveries (None: no bound), `origin`
+    names the announcing process, `expired` is what an expired lease found there becomes."""
+
+    ref: KeyRef
+    run_id: str
+    fingerprint: str
+    request: StoredRequest
+    token: str
+    limit: int | None = None
+    origin: str = ""
+    expired: ExpiredPolicy = "unresolved"
+
+
+class CheckResult(NamedTuple):
+    """What `end_check` records: the check of `run_id`'s unresolved record `ref` said
+    `result` ("done", "not_done" or "inconclusive") with `answer` (the history's) and,
+    when done, `response`. `ttl` is a settled record's, `park_after` how long it may stay
+    unresolved, `retry_in` a delivery's next attempt (None: no attempt left)."""
+
+    ref: KeyRef
+    run_id: str
+    result: str
+    answer: dict[str, Any]
+    response: StoredResponse | None
+    ttl: float
+    park_after: float
+    retry_in: float | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Accepted:
     """What `accept` did: "queued" (the key is now queued for the caller's run),
@@ -141,6 +132,10 @@ class Accepted:
     outcome: Literal["queued", "exists", "full"]
     now_ms: int
     record: Record | None = None
+    #: False: the caller's delivery is stored and queued, but the replicas
+    #: `wait_for_replicas` asks for did not confirm it in time (a failover before they
+    #: have it would lose it). Always True where the store does not replicate.
+    confirmed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +144,10 @@ class PickResult:
     record: Record | None
     #: its stored request, sealed by the codec (the engine opens it); b"" if none
     request: bytes = b""
-    #: "" picked, "gone" (not queued or retrying), "not_due", "exhausted" (parked)
+    #: "" picked, "gone" (not queued or retrying), "not_due", "exhausted" (parked),
+    #: "unconfirmed" (picked, but the replicas did not confirm it: put back unsent)
     why: str = ""
-    #: when "not_due": when it is due
+    #: when "not_due" or "unconfirmed": when it is due
     due_ms: int = 0
     #: the next due delivery of the route the store saw, if any
     next: Due | None = None
@@ -159,28 +155,28 @@ class PickResult:
 
 
 @dataclass(frozen=True, slots=True)
-class QueueStat:
-    route: str
-    queued: int
-    retrying: int
-    #: the longest a due delivery has waited: queued since accepted, retrying since due
-    oldest_wait_seconds: float
+class Counts:
+    """The store's kept counts, read together for scrapes and overviews."""
+
+    stats: list[StateCount]
+    queues: list[QueueStat]
+    #: route -> seconds since its last success, by the store
+    successes: dict[str, float]
 
 
-class Store(abc.ABC):
-    """Records of idempotency keys. See the module docstring for the guarantees.
+#: The dummy token `Opener.no_token` opens: no record's (a digest is 32 hex digits).
+_NO_DIGEST = "no record"
+_NO_TOKEN = "-" * 22
 
-    Stored responses go through `codec` (plain, or sealed with the configured
-    keys). A record whose response cannot be read is returned with `response`
-    None and `unreadable` saying why; it is never changed or deleted for it."""
 
-    #: Seconds (low, high) a waiter sleeps before it re-reads without a notification.
-    fallback_wait = (0.5, 1.0)
+class Opener:
+    """What a store's parts read records with: its codec, opening a stored response or
+    status token, or saying why it cannot."""
 
     def __init__(self, codec: ResponseCodec = PLAIN) -> None:
-        self.notifier = Notifier()
-        self.due = DueFeed()
         self.codec = codec
+        #: a token sealed as a stored one is, by the codec it was sealed with
+        self._dummy_token: tuple[ResponseCodec, bytes] | None = None
 
     def read_response(self, digest: str, data: bytes) -> tuple[StoredResponse | None, str]:
         """The response stored as `data` in record `digest`, or None and why not."""
@@ -197,13 +193,53 @@ class Store(abc.ABC):
         except Unreadable:
             return ""
 
-    async def start(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+    def no_token(self) -> str:
+        """ "" for a status URL whose record has no token, after opening a fixed one as
+        `read_token` opens a stored one (with `store.encryption_key`, a decryption):
+        a guessed URL with a wrong token costs the same whether or not its key exists."""
+        dummy = self._dummy_token
+        if dummy is None or dummy[0] is not self.codec:
+            dummy = self._dummy_token = (self.codec, self.codec.encode_token(_NO_DIGEST, _NO_TOKEN))
+        self.read_token(_NO_DIGEST, dummy[1])
+        return ""
+
+
+class Store(OperatorRoster):
+    """Records of idempotency keys. See the module docstring for the guarantees.
+
+    Stored responses go through `codec` (plain, or sealed with the configured
+    keys). A record whose response cannot be read is returned with `response`
+    None and `unreadable` saying why; it is never changed or deleted for it."""
+
+    #: Seconds (low, high) a waiter sleeps before it re-reads without a notification.
+    fallback_wait = (0.5, 1.0)
+
+    def __init__(self, codec: ResponseCodec = PLAIN) -> None:
+        self.notifier = Notifier()
+        self.due = DueFeed()
+        self.codec = codec
+        self.opener = Opener(codec)
+
+    def read_response(self, digest: str, data: bytes) -> tuple[StoredResponse | None, str]:
+        """The response stored as `data` in record `digest`, or None and why not."""
+        return self.opener.read_response(digest, data)
+
+    def read_token(self, digest: str, data: bytes) -> str:
+        """The status token stored as `data`, or "" if it cannot be opened."""
+        return self.opener.read_token(digest, data)
+
+    def no_token(self) -> str:
+        """ "" for a status URL whose record has no token, at the cost of opening one
+        (`Opener.no_token`)."""
+        return self.opener.no_token()
+
+    async def start(self) -> None:
         """Connect (and subscribe to change notifications). Called once."""
 
-    async def close(self) -> None:  # noqa: B027 - optional hook
+    async def close(self) -> None:
         """Release connections. Records stay where the store keeps them."""
 
-    async def ping(self) -> None:  # noqa: B027 - an in-process store always answers
+    async def ping(self) -> None:
         """Raise StoreError unless the store answers."""
 
     @abc.abstractmethod
@@ -247,6 +283,10 @@ class Store(abc.ABC):
         Otherwise returns the record. An `in_flight` record whose lease has run out
         (the gateway holding it died) first becomes what `expired` says, reason
         "lease_expired": never released blind unless the route says so.
+
+        With wait_for_replicas, the caller's claim (made now, or found by its
+        retried command) that the replicas did not confirm in time is released and
+        raises StoreError: nothing was forwarded on it, so a refusal is the truth.
         """
 
     @abc.abstractmethod
@@ -265,8 +305,15 @@ class Store(abc.ABC):
         nothing, for any other run or state: a stale worker never overwrites a newer
         run, nor a record a person holds. Waiters are notified. A delivery's stored
         request is deleted in the same step; `attempt` becomes its last attempt. A
-        completion with a status below 500 is the route's last success (see
-        `last_successes`), written in the same step.
+        completion whose status is a success (records.is_success: 2xx, 3xx, 4xx but
+        408 and 429) is the route's last success (see `last_successes`), written in
+        the same step.
+
+        It happens whole or not at all: a `ttl` the store cannot keep (longer than
+        config.units.MAX_DURATION, which config refuses) may be refused with
+        StoreError, and then the record is exactly as it was (in flight, its lease
+        running). On Redis each script checks its durations before its first write,
+        since Redis does not undo a script's earlier commands when a later one fails.
         """
 
     @abc.abstractmethod
@@ -292,20 +339,18 @@ class Store(abc.ABC):
     # -- deliveries --------------------------------------------------------------
 
     @abc.abstractmethod
-    async def accept(
-        self,
-        ref: KeyRef,
-        run_id: str,
-        fingerprint: str,
-        request: StoredRequest,
-        token: str,
-        *,
-        admit: bool = True,
-        origin: str = "",
-        expired: ExpiredPolicy = "unresolved",
-    ) -> Accepted:
-        """Queue `request` for delivery under `ref`, or read what is there, in one
-        atomic step (the claim of a delivery: the caller answers 202 on "queued").
+    async def delivery_token(self, ref: KeyRef) -> str:
+        """The status token of the delivery `ref` names (by digest), opened; "" when
+        there is none: no such record, one past its expiry, not a delivery, or a token
+        that does not open. Reads the token alone, never the response or the request,
+        so a status URL with a wrong token costs what one for a missing record does,
+        however large the record."""
+
+    @abc.abstractmethod
+    async def accept(self, delivery: NewDelivery) -> Accepted:
+        """Queue `delivery.request` under `delivery.ref`, or read what is there, in one
+        atomic step (the claim of a delivery: the caller answers 202 on "queued"). The
+        names below are `delivery`'s fields.
 
         "queued": the key was free (or `released`): it is now `queued` for `run_id`,
         a delivery record with no attempt yet, due at the store's now, its request
@@ -313,11 +358,17 @@ class Store(abc.ABC):
         on), and `due.announce`d to every process with `origin`. Accepted again by
         the same run id (a retried command), it returns "exists" with the record it
         made (same run id, state queued unless an attempt already took it).
-        "full": the key was free and `admit` was False; nothing is stored.
+        "full": the key was free and `limit` (None: no bound) deliveries of the route
+        are queued or retrying, counted by the store in the same step for every
+        replica at once (a Cluster: redis/admission.py): nothing is stored. A repeat
+        of a queued key is "exists" whatever the count.
         "exists": anything else, with the record (never its request). An expired
         in_flight lease first becomes what `expired` says, as in `claim`. Queued
-        records never expire. With wait_for_replicas, a queued record the replicas
-        did not confirm raises StoreError and stays queued (a repeat finds it)."""
+        records never expire. With wait_for_replicas, the caller's queued record
+        (queued now, or found queued by its retried command) that the replicas did
+        not confirm in time stays queued and is returned with `confirmed` False:
+        never dropped and never a StoreError, since the work it stands for will run
+        (a repeat finds it)."""
 
     @abc.abstractmethod
     async def pick(
@@ -343,7 +394,20 @@ class Store(abc.ABC):
         keys it is given: the hint's bucket) and returns "gone" or "not_due" (with
         `due_ms`). `next` names the next due delivery of `route` the store saw (the
         hint's bucket, on Redis). Never claims one record for two runs; never claims
-        one that is not due."""
+        one that is not due. The same pick repeated (a retried command, or the worker
+        retrying a pick that failed) finds the hint in flight for `run_id`: it is that
+        pick, returned with its request again, nothing changed.
+
+        With wait_for_replicas a pick is confirmed as a claim is, since it lets an
+        attempt reach the upstream: one the replicas did not confirm in time (made
+        now, or found by its repeat) is put back unsent, why "unconfirmed" with
+        `due_ms` when it is due again (soon): queued again if no attempt was made
+        before, else retrying, its attempts as they were, the pick's `attempt` event
+        replaced by a `put_back` event that says why (unconfirmed picks in a row are
+        one event, its `times` counted), and announced. Never left in flight, never
+        an unknown outcome: nothing was sent. Only Redis has replicas to wait for:
+        memory has none, and a PostgreSQL commit itself waits for the standbys
+        `synchronous_standby_names` names."""
 
     @abc.abstractmethod
     async def retry_later(
@@ -379,8 +443,8 @@ class Store(abc.ABC):
     async def queue_stats(self) -> list[QueueStat]:
         """Per route with pending deliveries (routes no longer configured too):
         queued and retrying counts and the oldest wait, by route name. Reads the
-        due indexes and per-bucket counts only: O(buckets x routes), never
-        O(records) (memory: in-process, O(pending))."""
+        counts the store keeps and the due indexes' heads: O(routes) (Redis: x
+        buckets), never O(records)."""
 
     # -- the sweep and the reconciler -----------------------------------------------
 
@@ -398,18 +462,9 @@ class Store(abc.ABC):
         `min_interval`. False if the record is not unresolved for `run_id`."""
 
     @abc.abstractmethod
-    async def end_check(
-        self,
-        ref: KeyRef,
-        run_id: str,
-        result: str,
-        answer: dict[str, Any],
-        response: StoredResponse | None,
-        ttl: float,
-        park_after: float,
-        retry_in: float | None = None,
-    ) -> str:
-        """Record a check's `answer` in the history and act on `result`: "done"
+    async def end_check(self, check: CheckResult) -> str:
+        """Record a check's `answer` in the history and act on `result` (the names here
+        are `check`'s fields): "done"
         completes with `response`, "not_done" releases, "inconclusive" keeps it
         unresolved, or parks it once it has been unresolved for `park_after`.
         Returns the state after, or "" if the record was no longer unresolved for
@@ -447,29 +502,58 @@ class Store(abc.ABC):
         due now, announced; state "queued") and "done" deletes its request."""
 
     @abc.abstractmethod
+    async def list_records(
+        self,
+        states: frozenset[State],
+        *,
+        route: str | None = None,
+        older_than: float = 0.0,
+        cursor: str = "",
+        limit: int = PAGE_SIZE,
+    ) -> Page:
+        """One page (1 to MAX_PAGE_SIZE records, else ValueError) of the records in
+        `states`, of `route` if given, whose place is at least `older_than` seconds old
+        (an in-flight record: its state's age), from `cursor` ("" or a page's `next`
+        or `prev`; InvalidCursor for any other text), in the order and with the
+        promise of store/pages.py: a record in a listed state throughout a walk is
+        listed exactly once. `next` is "" only where nothing more matches; a page
+        may be short, even empty, with `next` set, where the filters dropped what the
+        store read within its bound (pages.READ_ROUNDS), so a caller walks on while
+        `next` is set. Read from the state indexes, never the keyspace: O(limit)
+        records (Redis: x buckets entries), READ_ROUNDS times at most."""
+
     async def open_records(self, states: frozenset[State]) -> list[Record]:
-        """Every record in these states (in_flight, unresolved, parked, claimed,
-        queued, retrying), read from the indexes (deliveries: the due indexes), never
-        by scanning the keyspace."""
+        """Every record in these states, a page at a time: O(records), never what an
+        operator's request reads (one page)."""
+        records: list[Record] = []
+        cursor = ""
+        while True:
+            page = await self.list_records(states, cursor=cursor, limit=MAX_PAGE_SIZE)
+            records += page.records
+            if not page.next:
+                return records
+            cursor = page.next
+
+    @abc.abstractmethod
+    async def stats(self) -> list[StateCount]:
+        """Count and oldest age per route of unresolved, parked and claimed records, from
+        kept counts and the indexes' heads: O(routes x states) (Redis: x buckets)."""
+
+    async def repair_counts(self, routes: Collection[str]) -> int:
+        """Mend the kept counts (and the admission marks of `routes`) where a failure
+        between two writes left them apart from the records; how many were wrong. Safe
+        in every replica at once; a store that counts in the records' own transaction
+        has nothing to mend."""
+        return 0
 
     @abc.abstractmethod
     async def last_successes(self) -> dict[str, float]:
         """Per route, seconds since its last success by the store's clock: the last
-        `complete` of a response below 500 (the upstream's answer to a forward or a
+        `complete` of a success (records.is_success; the upstream's answer to a forward or a
         delivery: a check's or an operator's "done" is none), by any replica. A
         route without one is absent. Reads only. PostgreSQL keeps it to the second (a
         route's row is written at most once a second, so completions do not queue on
         its lock); the other stores to the millisecond."""
-
-    async def stats(self) -> list[StateCount]:
-        """Count and oldest age per route of unresolved, parked and claimed records."""
-        groups: dict[tuple[str, State], list[float]] = {}
-        for record in await self.open_records(OPEN_STATES):
-            groups.setdefault((record.route, record.state), []).append(record.state_age)
-        return [
-            StateCount(route, state, len(ages), max(ages))
-            for (route, state), ages in sorted(groups.items())
-        ]
 
     async def wait(self, ref: KeyRef, watch: Watch, timeout: float) -> None:
         """Wait until `watch` (from `notifier.watch`) fires or a jittered fallback
@@ -484,3 +568,114 @@ class Store(abc.ABC):
                 await watch.wait()
         except TimeoutError:
             pass
+
+
+class DeliveryPart(Protocol):
+    """The deliveries a store holds as a part: the interface's delivery calls."""
+
+    async def accept(self, delivery: NewDelivery) -> Accepted: ...
+
+    async def pick(
+        self,
+        route: str,
+        hint: KeyRef,
+        run_id: str,
+        lease: float,
+        max_attempts: int,
+        replica: str,
+        park_reason: str = ...,
+    ) -> PickResult: ...
+
+    async def retry_later(
+        self,
+        ref: KeyRef,
+        run_id: str,
+        delay: float | None,
+        attempt: dict[str, Any],
+        origin: str = ...,
+    ) -> bool: ...
+
+    async def get_request(self, ref: KeyRef) -> StoredRequest | None: ...
+
+    async def due_candidates(self, route: str, limit: int) -> tuple[list[Due], int]: ...
+
+
+class ListingPart(Protocol):
+    """The listing a store holds as a part: pages and the kept counts."""
+
+    async def stats(self) -> list[StateCount]: ...
+
+    async def list_records(
+        self,
+        states: frozenset[State],
+        *,
+        route: str | None = ...,
+        older_than: float = ...,
+        cursor: str = ...,
+        limit: int = ...,
+    ) -> Page: ...
+
+
+class PartsStore(Store):
+    """A store that holds its deliveries, its listing and its operator roster as parts
+    (the Redis, PostgreSQL and SQLite stores): the interface's calls for each go to
+    the part, here once rather than in every store."""
+
+    deliveries: DeliveryPart
+    listing: ListingPart
+    operators: OperatorRoster
+
+    async def accept(self, delivery: NewDelivery) -> Accepted:
+        return await self.deliveries.accept(delivery)
+
+    async def pick(
+        self,
+        route: str,
+        hint: KeyRef,
+        run_id: str,
+        lease: float,
+        max_attempts: int,
+        replica: str,
+        park_reason: str = "attempts exhausted",
+    ) -> PickResult:
+        return await self.deliveries.pick(
+            route, hint, run_id, lease, max_attempts, replica, park_reason
+        )
+
+    async def retry_later(
+        self,
+        ref: KeyRef,
+        run_id: str,
+        delay: float | None,
+        attempt: dict[str, Any],
+        origin: str = "",
+    ) -> bool:
+        return await self.deliveries.retry_later(ref, run_id, delay, attempt, origin)
+
+    async def get_request(self, ref: KeyRef) -> StoredRequest | None:
+        return await self.deliveries.get_request(ref)
+
+    async def due_candidates(self, route: str, limit: int) -> tuple[list[Due], int]:
+        return await self.deliveries.due_candidates(route, limit)
+
+    async def stats(self) -> list[StateCount]:
+        return await self.listing.stats()
+
+    async def list_records(
+        self,
+        states: frozenset[State],
+        *,
+        route: str | None = None,
+        older_than: float = 0.0,
+        cursor: str = "",
+        limit: int = PAGE_SIZE,
+    ) -> Page:
+        return await self.listing.list_records(
+            states, route=route, older_than=older_than, cursor=cursor, limit=limit
+        )
+
+    async def record_roster(self, marks: Mapping[str, str]) -> dict[str, RosterEntry]:
+        return await self.operators.record_roster(marks)
+
+    async def roster(self) -> dict[str, RosterEntry]:
+        return await self.operators.roster()

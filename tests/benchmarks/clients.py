@@ -9,7 +9,8 @@ Reproduces shared/measurements/upstream-clients.md on this machine:
   - the Starlette catch-all proxy of proxy_app.py under uvicorn (1 worker, uvloop, httptools)
     forwarding with httpx default limits (without and with `sniffio` importable), httpx with 128
     connections, httpx2 with 128, httpx + httpx_aiohttp.AiohttpTransport with 128, an aiohttp
-    ClientSession with TCPConnector(limit=128), and the gateway's own client (gateway/upstream.py);
+    ClientSession with TCPConnector(limit=128), and the gateway's own client
+    (gateway/upstream/client.py);
     `sniffio` is importable only in the "+ sniffio" row (from --sniffio-dir, or the venv; when the
     venv has it, the other rows block it), so the rows mean the same in every environment;
 * servers under test are pinned to --server-cpu (0), the load generator to --load-cpu (1):
@@ -108,7 +109,7 @@ def all_contenders() -> list[Contender]:
         ),
         Contender(
             "gateway-128",
-            "the gateway's own client (gateway/upstream.py), 128",
+            "the gateway's own client (gateway/upstream/client.py), 128",
             "python",
             "gateway-128",
         ),

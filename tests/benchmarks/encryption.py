@@ -27,10 +27,11 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import redis  # noqa: E402
 
-from gateway.app import Gateway, ProxyApp  # noqa: E402
+from gateway.assembly import Gateway  # noqa: E402
 from gateway.config import parse_config  # noqa: E402
 from gateway.encryption import PLAIN, ResponseCodec, new_key, parse_key  # noqa: E402
-from gateway.keys import record_digest  # noqa: E402
+from gateway.keying import record_digest  # noqa: E402
+from gateway.proxy.app import ProxyApp  # noqa: E402
 from gateway.records import StoredResponse  # noqa: E402
 from gateway.store.redis import BUCKETS  # noqa: E402
 from tests.support.servers import RedisServer, upstream_server  # noqa: E402

@@ -13,7 +13,7 @@ SIGTERM, errors and after --max-minutes):
   `wrk -t1 -c32` runs on --load-cpu:
   - direct: wrk straight to the upstream; nginx: nginx proxy_pass (upstream keep-alive);
   - bare: proxy_app.py's Starlette catch-all proxy with the gateway's own upstream client
-    (gateway/upstream.py; no idempotency), the "same client" reference; bare-aiohttp: the
+    (gateway/upstream/client.py; no idempotency), the "same client" reference; bare-aiohttp: the
     same proxy with aiohttp (needs the bench extra), the client the gateway used before;
   - gateway: `python -m gateway run` (uvloop, httptools), one route,
     `key: {header: Idempotency-Key}`, `fingerprint: none` (or --fingerprint default),
@@ -245,7 +245,7 @@ class Wrk:
 
 
 def lua_script_names(src: Path) -> dict[str, str]:
-    """sha1 -> script name, computed the way gateway/store/redis.py builds its scripts."""
+    """sha1 -> script name, computed the way gateway/store/redis/store.py builds its scripts."""
     lua = src / "gateway" / "store" / "lua"
     lib = (lua / "_lib.lua").read_text()
     names = {}

@@ -26,7 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gateway.listener import READ_SLACK  # noqa: E402
+from gateway.http.protocol import READ_SLACK  # noqa: E402
 from tests.support.servers import free_port, wait_for_port  # noqa: E402
 
 

@@ -126,7 +126,10 @@ def ir_last_dump(out: Path) -> int:
 LAUNCH = """
 import importlib, runpy, sys
 for module, name in (("gateway.delivery", "QUEUE_WATCH"), ("gateway.delivery", "BACKSTOP"),
-                     ("gateway.app", "STORE_WATCH_INTERVAL")):
+                     ("gateway.delivery.worker", "QUEUE_WATCH"),
+                     ("gateway.delivery.worker", "BACKSTOP"),
+                     ("gateway.app", "STORE_WATCH_INTERVAL"),
+                     ("gateway.assembly", "STORE_WATCH_INTERVAL")):
     try:
         found = importlib.import_module(module)
     except ImportError:

@@ -77,7 +77,7 @@ async def main():
         store = RedisStore(config)
     else:
         from gateway.store.postgres import PostgresStore
-        from gateway.store.postgres_schema import migrate_store
+        from gateway.store.postgres.schema import migrate_store
         status, said = await migrate_store(config)
         assert status == 0, said
         store = PostgresStore(config)

@@ -50,8 +50,8 @@ import proxy_app  # noqa: E402
 import uvloop  # noqa: E402
 import yaml  # noqa: E402
 
-from gateway.app import ProxyApp, create_app  # noqa: E402
 from gateway.config import StoreConfig, parse_config  # noqa: E402
+from gateway.proxy.app import ProxyApp, create_app  # noqa: E402
 from gateway.records import KeyRef, StoredResponse  # noqa: E402
 from gateway.store.redis import RedisStore  # noqa: E402
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 from gateway.config import StoreConfig  # noqa: E402
 from gateway.records import KeyRef, StoredResponse  # noqa: E402
 from gateway.store.postgres import PostgresStore  # noqa: E402
-from gateway.store.postgres_schema import migrate_store  # noqa: E402
+from gateway.store.postgres.schema import migrate_store  # noqa: E402
 from tests.benchmarks._harness import cpu_seconds  # noqa: E402
 from tests.support.postgres import PostgresServer  # noqa: E402
 

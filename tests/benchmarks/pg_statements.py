@@ -7,7 +7,7 @@ key), with no gateway in the way.
 
 One PostgreSQL in a temp dir (tests/support/postgres.py: fsync and synchronous_commit
 on), `pgbench -M prepared -j 1` (C, so the client costs the cores little), each
-transaction the very SQL files of gateway/store/sql/ with their parameters filled in
+transaction the very SQL files of gateway/store/postgres/sql/ with their parameters filled in
 (expanded by the tree's own postgres_sql.expand), autocommit per statement as the store
 runs them. The database's CPU is the postmaster's and its processes' (the backends that
 exit when pgbench ends are counted in the postmaster's cutime). With `--baseline-src`,
@@ -73,7 +73,7 @@ PRIME = (
 def emit(workload: str, success: str) -> str:
     """The pgbench script of `workload` from the statements of the tree on sys.path;
     `success`: whether each completion writes the route's last success."""
-    from gateway.store.postgres_sql import expand, sql_file
+    from gateway.store.postgres.database import expand, sql_file
 
     names, keys, fresh = WORKLOADS[workload]
     lines = [f"\\set d random(1, {keys})"]

@@ -153,7 +153,7 @@ class AiohttpForwarder:
 
 
 class GatewayForwarder:
-    """The gateway's own upstream client (gateway/upstream.py), without the gateway."""
+    """The gateway's own upstream client (gateway/upstream/client.py), without the gateway."""
 
     def __init__(self, limit: int) -> None:
         # This directory holds gateway.py (the benchmark), which would shadow the package.

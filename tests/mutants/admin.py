@@ -1,4 +1,4 @@
-"""The operator API's refusals (gateway/actions.py, which gateway/admin.py answers
+"""The operator API's refusals (gateway/operators/actions.py, which gateway/admin/api.py answers
 with), caught by tests/test_admin.py."""
 
 from tests.mutants import Mutant
@@ -8,7 +8,7 @@ A = "tests/test_admin.py::"
 MUTANTS = [
     Mutant(
         name="operator-refused-resolve-answered-200",
-        path="gateway/actions.py",
+        path="gateway/operators/actions.py",
         old="        if not resolved.ok:\n            raise refusal(resolved, ref)\n",
         new="",
         tests=(
@@ -20,7 +20,7 @@ MUTANTS = [
     ),
     Mutant(
         name="operator-not-the-holder-reported-as-invalid-transition",
-        path="gateway/actions.py",
+        path="gateway/operators/actions.py",
         old='    if result.refused == "holder":\n',
         new='    if result.refused == "holder-of-record":\n',
         tests=(A + "test_only_the_holder_may_resolve",),
@@ -29,7 +29,7 @@ MUTANTS = [
     ),
     Mutant(
         name="operator-digest-of-another-record",
-        path="gateway/actions.py",
+        path="gateway/operators/actions.py",
         old="    if record is None or record.route != ref.route or record.key != ref.key:\n",
         new="    if record is None:\n",
         tests=(A + "test_a_digest_names_only_its_own_route_and_key",),

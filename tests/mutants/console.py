@@ -8,6 +8,15 @@ S = "tests/test_console_parts.py::"
 
 MUTANTS = [
     Mutant(
+        name="console-empty-page-says-nothing-waits",
+        path="gateway/console/templates/keys_table.html",
+        old="{% if next_url %}None on this page:",
+        new="{% if False %}None on this page:",
+        tests=(S + "test_an_empty_page_with_more_to_follow_says_so_and_links_on",),
+        breaks="an empty page that stopped at its bound tells the operator no key waits "
+        "while older ones follow",
+    ),
+    Mutant(
         name="console-autoescape-off",
         path="gateway/console/rendering.py",
         old="        autoescape=True,\n",
@@ -40,8 +49,8 @@ MUTANTS = [
     Mutant(
         name="console-origin-unchecked",
         path="gateway/console/access.py",
-        old="    check_origin(request)\n    who = visitor(request)\n",
-        new="    who = visitor(request)\n",
+        old="    check_origin(request)\n    who = await visitor(request)\n",
+        new="    who = await visitor(request)\n",
         tests=(C + "test_forged_posts_are_refused_and_change_nothing",),
         breaks="a post from another site's page (wrong or missing Origin) is acted on",
     ),
@@ -51,7 +60,7 @@ MUTANTS = [
         old="    operator = gateway.operators.by_name(session.name)\n",
         new="    operator = gateway.operators.by_name(session.name) or Operator(\n"
         "        session.name,\n"
-        '        __import__("gateway.operators", fromlist=["Role"]).Role.OPERATOR,\n'
+        '        __import__("gateway.operators.identity", fromlist=["Role"]).Role.OPERATOR,\n'
         '        "session",\n'
         "    )\n",
         tests=(C + "test_removing_an_operator_signs_them_out",),
@@ -98,5 +107,29 @@ MUTANTS = [
         tests=(C + "test_two_operators_on_two_replicas_hand_a_parked_key_over",),
         breaks="the keys list never refreshes: an operator does not see that another "
         "took a key until they reload",
+    ),
+    Mutant(
+        name="console-invisible-characters-drawn",
+        path="gateway/console/rendering.py",
+        old="        finalize=_drawn,\n",
+        new="",
+        tests=(
+            S + "test_text_that_shows_nothing_is_spelled_out_and_posted_back_as_it_is",
+            C + "test_a_key_with_a_right_to_left_override_is_drawn_in_its_order",
+        ),
+        breaks="a key holding U+202E is drawn with the rest of it reversed, a key it is not; "
+        "keys that differ by a zero-width space look alike",
+    ),
+    Mutant(
+        name="console-posted-key-spelled-out",
+        path="gateway/console/templates/ref_fields.html",
+        old='value="{{ record.key|exact }}"',
+        new='value="{{ record.key }}"',
+        tests=(
+            S + "test_text_that_shows_nothing_is_spelled_out_and_posted_back_as_it_is",
+            C + "test_a_key_with_a_right_to_left_override_is_drawn_in_its_order",
+        ),
+        breaks="the claim and resolve forms post a key with its invisible characters spelled "
+        "out: a key that is not the one on the page, which the operator cannot act on",
     ),
 ]

@@ -4,13 +4,13 @@ security review), each caught by tests/test_console_attacks.py."""
 from tests.mutants import Mutant
 
 T = "tests/test_console_attacks.py::"
-SSO = "tests/test_console.py::test_the_console_behind_the_readmes_single_sign_on_proxy"
+SSO = "tests/test_console.py::test_the_console_behind_the_documented_single_sign_on_proxy"
 
 MUTANTS = [
     Mutant(
         name="operator-digest-not-checked",
-        path="gateway/actions.py",
-        old="    if digest is not None and not _DIGEST.fullmatch(digest):\n",
+        path="gateway/operators/actions.py",
+        old="    if digest is not None and not DIGEST.fullmatch(digest):\n",
         new="    if False:\n",
         tests=(T + "test_a_digest_that_is_no_digest_is_a_bad_request_not_a_crash",),
         breaks="a `?digest=` that is no record id reaches the store: on Redis, one that does "
@@ -18,7 +18,7 @@ MUTANTS = [
     ),
     Mutant(
         name="operator-api-body-of-any-type",
-        path="gateway/admin.py",
+        path="gateway/admin/api.py",
         old='    if media_type != "application/json":\n',
         new="    if False:\n",
         tests=(
@@ -42,7 +42,7 @@ MUTANTS = [
     ),
     Mutant(
         name="refused-credentials-not-logged",
-        path="gateway/operators.py",
+        path="gateway/operators/identity.py",
         old="        log.warning(\n",
         new="        log.debug(\n",
         tests=(T + "test_refused_sign_ins_and_tokens_are_logged_and_never_the_token",),
@@ -55,7 +55,7 @@ MUTANTS = [
         old="    operator = gateway.operators.by_name(session.name)\n",
         new="    operator = gateway.operators.by_name(session.name) and Operator(\n"
         "        session.name,\n"
-        '        __import__("gateway.operators", fromlist=["Role"]).Role.OPERATOR,\n'
+        '        __import__("gateway.operators.identity", fromlist=["Role"]).Role.OPERATOR,\n'
         '        "session",\n'
         "    )\n",
         tests=("tests/test_console.py::test_removing_an_operator_signs_them_out",),
@@ -63,12 +63,12 @@ MUTANTS = [
         "viewer by a reload goes on claiming and resolving until the cookie expires",
     ),
     Mutant(
-        name="readme-nginx-block-without-host",
-        path="README.md",
+        name="documented-nginx-block-without-host",
+        path="docs/operator-api.md",
         old="    proxy_set_header Host $http_host;",
         new="   ",
         tests=(SSO,),
-        breaks="README's nginx block sends nginx's own Host: behind it, the console refuses "
-        "every claim and resolve as a forged post",
+        breaks="the documented nginx block sends nginx's own Host: behind it, the console "
+        "refuses every claim and resolve as a forged post",
     ),
 ]

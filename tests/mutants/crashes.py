@@ -9,11 +9,13 @@ EACH_POINT = f"{FAULTS}::test_gateway_sigkill_at_each_point_of_a_request"
 REDIS_NONE = f"{FAULTS}::test_redis_sigkill_and_restart_mid_load[none]"
 REDIS_AOF = f"{FAULTS}::test_redis_sigkill_and_restart_mid_load[aof-always]"
 STORM = f"{FAULTS}::test_gateway_sigkill_at_random_points_of_a_storm"
+LATE_CLAIMS = f"{FAULTS}::test_claims_redis_runs_after_the_gateway_gave_up_are_released"
+LANDS_AFTER = "tests/test_proxy.py::test_a_claim_that_lands_after_its_release_is_released_too"
 CRASHES = "tests/test_crashes.py"
 
 LEASE_EXPIRY_FREES = Mutant(
     name="lease-expiry-frees",
-    path="gateway/store/lua/_lib.lua",
+    path="gateway/store/redis/lua/_lib.lua",
     old="  if policy == 'release' then\n",
     new="  if true then\n",
     tests=(EACH_POINT,),
@@ -25,7 +27,7 @@ MUTANTS = [
     LEASE_EXPIRY_FREES,
     Mutant(
         name="claim-not-persisted",
-        path="gateway/store/lua/claim.lua",
+        path="gateway/store/redis/lua/claim.lua",
         old="if not state or state == 'released' then\n",
         new="if not state or state == 'released' then do return {1, now} end\n",
         tests=(EACH_POINT, REDIS_AOF),
@@ -35,15 +37,15 @@ MUTANTS = [
     Mutant(
         name="sweep-frees-unresolved",
         path="gateway/reconcile.py",
-        old='elif route.on_unknown_outcome == "reconcile" and route.reconcile is not None:',
-        new="elif False:",
+        old='                and route.on_unknown_outcome == "reconcile"\n',
+        new="                and False\n",
         tests=(EACH_POINT,),
         breaks="the restarted gateway's sweep releases unresolved keys instead of checking "
         "them: work that ran is free to run again",
     ),
     Mutant(
         name="fail-open-when-store-down",
-        path="gateway/engine.py",
+        path="gateway/engine/core.py",
         old='if route.on_store_error == "fail_open":',
         new="if True:",
         tests=(REDIS_AOF,),
@@ -51,7 +53,7 @@ MUTANTS = [
     ),
     Mutant(
         name="store-reset-unnoticed",
-        path="gateway/app.py",
+        path="gateway/assembly.py",
         old="            if lost:\n",
         new="            if False:\n",
         tests=(REDIS_NONE,),
@@ -59,7 +61,7 @@ MUTANTS = [
     ),
     Mutant(
         name="store-reset-marker-expires",
-        path="gateway/store/redis.py",
+        path="gateway/store/redis/store.py",
         old="pipe.set(marker, token, nx=True)",
         new="pipe.set(marker, token, nx=True, px=1500)",
         tests=(f"{FAULTS}::test_redis_sigkill_and_restart_mid_load[aof-always]",),
@@ -86,10 +88,10 @@ MUTANTS = [
     ),
     Mutant(
         name="shutdown-releases-in-flight",
-        path="gateway/engine.py",
-        old="                await settle.lost(reason)\n"
+        path="gateway/engine/core.py",
+        old="                await guarded(settle.lost(reason), settle)\n"
         "                raise OutcomeUnknown(reason, route=route.name, key=ref.key) from None\n",
-        new="                await settle.retry(reason)\n"
+        new="                await guarded(settle.retry(reason), settle)\n"
         "                raise OutcomeUnknown(reason, route=route.name, key=ref.key) from None\n",
         tests=(f"{CRASHES}::test_sigterm_past_grace_marks_in_flight_unresolved",),
         breaks="a SIGTERM past the grace frees the keys of forwards still out: their "
@@ -97,11 +99,29 @@ MUTANTS = [
     ),
     Mutant(
         name="shutdown-without-grace",
-        path="gateway/engine.py",
+        path="gateway/engine/core.py",
         old="await asyncio.wait(set(self.tasks), timeout=grace)",
         new="await asyncio.wait(set(self.tasks), timeout=0)",
         tests=(f"{CRASHES}::test_sigterm_lets_short_requests_finish",),
         breaks="a SIGTERM cuts off forwards that would finish within the grace: their "
         "callers get 504 and their keys need a check",
+    ),
+    Mutant(
+        name="failed-claim-not-released",
+        path="gateway/engine/core.py",
+        old="                self._release_unsent(route, ref, run_id)\n",
+        new="                pass\n",
+        tests=(LATE_CLAIMS, LANDS_AFTER),
+        breaks="a claim Redis runs after the gateway gave up on it holds a key nothing "
+        "was sent for: repeats wait out its lease, then it is an unknown outcome",
+    ),
+    Mutant(
+        name="failed-claim-release-not-read-back",
+        path="gateway/engine/core.py",
+        old="                record = await self.store.get(ref)\n",
+        new="                record = None\n",
+        tests=(LANDS_AFTER,),
+        breaks="a release that ran before the late claim it undoes is taken as done: the "
+        "claim lands after it and holds the key until its lease ends",
     ),
 ]

@@ -6,11 +6,13 @@ C = "tests/test_store_contract.py::"
 
 #: the accept-only gateway's test, in test_delivery.py
 QUIET = "test_a_gateway_that_delivers_nothing_does_not_listen_for_delivery_notices"
+#: the worker that goes on after its queue watch or rescan failed unforeseen
+WATCHED = "test_a_fault_in_the_queue_watch_or_rescan_leaves_the_worker_delivering"
 
 MUTANTS = [
     Mutant(
         name="memory-pick-not-due",
-        path="gateway/store/memory_delivery.py",
+        path="gateway/store/memory.py",
         old="""        elif record.due_ms > now:
             why, due = "not_due", record.due_ms
 """,
@@ -20,7 +22,7 @@ MUTANTS = [
     ),
     Mutant(
         name="memory-accept-overwrites",
-        path="gateway/store/memory_delivery.py",
+        path="gateway/store/memory.py",
         old="        if record is not None and record.state is not State.RELEASED:\n",
         new="        if False:\n",
         tests=(C + "test_accept_never_overwrites_an_existing_key[memory]",),
@@ -36,7 +38,7 @@ MUTANTS = [
     ),
     Mutant(
         name="memory-pick-past-attempts",
-        path="gateway/store/memory_delivery.py",
+        path="gateway/store/memory.py",
         old="        if record.attempts >= max_attempts:\n",
         new="        if False:\n",
         tests=(C + "test_pick_never_starts_an_attempt_over_the_limit[memory]",),
@@ -49,7 +51,7 @@ R = "[redis]"
 MUTANTS += [
     Mutant(
         name="redis-pick-not-due",
-        path="gateway/store/lua/pick.lua",
+        path="gateway/store/redis/lua/pick.lua",
         old="elseif tonumber(rec[2] or '0') > now then",
         new="elseif false then",
         tests=(C + "test_pick_never_claims_a_delivery_that_is_not_due" + R,),
@@ -57,7 +59,7 @@ MUTANTS += [
     ),
     Mutant(
         name="redis-accept-overwrites",
-        path="gateway/store/lua/accept.lua",
+        path="gateway/store/redis/lua/accept.lua",
         old="if not state or state == 'released' then",
         new="if true then",
         tests=(C + "test_accept_never_overwrites_an_existing_key" + R,),
@@ -65,7 +67,7 @@ MUTANTS += [
     ),
     Mutant(
         name="redis-accept-not-queued",
-        path="gateway/store/lua/accept.lua",
+        path="gateway/store/redis/lua/accept.lua",
         old="  redis.call('ZADD', INDEX.queued, at, MEMBER)\n",
         new="",
         tests=(C + "test_accepted_delivery_is_listed_counted_and_announced" + R,),
@@ -73,8 +75,8 @@ MUTANTS += [
     ),
     Mutant(
         name="redis-accept-uncounted",
-        path="gateway/store/lua/accept.lua",
-        old="  redis.call('HINCRBY', QR, ROUTE, 1)\n",
+        path="gateway/store/redis/lua/accept.lua",
+        old="  count('queued', 1)\n",
         new="",
         tests=(C + "test_accepted_delivery_is_listed_counted_and_announced" + R,),
         breaks="an accepted delivery is not counted: admission (max_queued) and the queue "
@@ -82,7 +84,7 @@ MUTANTS += [
     ),
     Mutant(
         name="redis-complete-keeps-request",
-        path="gateway/store/lua/complete.lua",
+        path="gateway/store/redis/lua/complete.lua",
         old="  redis.call('DEL', RQ)\n",
         new="",
         tests=(C + "test_settling_a_delivery_deletes_its_request[complete-redis]",),
@@ -90,7 +92,7 @@ MUTANTS += [
     ),
     Mutant(
         name="redis-pick-past-attempts",
-        path="gateway/store/lua/pick.lua",
+        path="gateway/store/redis/lua/pick.lua",
         old="elseif tonumber(rec[3] or '0') >= tonumber(ARGV[5]) then",
         new="elseif false then",
         tests=(C + "test_pick_never_starts_an_attempt_over_the_limit" + R,),
@@ -98,7 +100,7 @@ MUTANTS += [
     ),
     Mutant(
         name="redis-pick-without-claim",
-        path="gateway/store/lua/pick.lua",
+        path="gateway/store/redis/lua/pick.lua",
         old="move(state, 'in_flight', now, lease)",
         new="redis.call('HSET', R, 's', 'in_flight')",
         tests=(C + "test_picked_delivery_is_not_picked_again" + R,),
@@ -106,7 +108,7 @@ MUTANTS += [
     ),
     Mutant(
         name="redis-retry-ignores-run-id",
-        path="gateway/store/lua/retry.lua",
+        path="gateway/store/redis/lua/retry.lua",
         old="rec[2] ~= ARGV[3]",
         new="false",
         tests=(C + "test_stale_run_cannot_schedule_a_retry" + R,),
@@ -114,7 +116,7 @@ MUTANTS += [
     ),
     Mutant(
         name="redis-delivery-lease-released",
-        path="gateway/store/lua/_lib.lua",
+        path="gateway/store/redis/lua/_lib.lua",
         old="redis.call('HEXISTS', R, 'dl') == 1 then policy",
         new="false then policy",
         tests=(C + "test_expired_delivery_lease_is_never_retried_or_dropped[release-redis]",),
@@ -127,7 +129,7 @@ D = "tests/test_delivery.py::"
 MUTANTS += [
     Mutant(
         name="unknown-outcome-retried",
-        path="gateway/settlement.py",
+        path="gateway/delivery/attempt.py",
         old="""    async def lost(self, reason: str) -> None:
         await self.engine.unknown(self.route, self.ref, self.run_id, reason)
         self.result = "unknown_outcome"
@@ -143,7 +145,7 @@ MUTANTS += [
     ),
     Mutant(
         name="backoff-without-jitter",
-        path="gateway/delivery.py",
+        path="gateway/delivery/retry.py",
         old="    return rand(0, ceiling)\n",
         new="    return ceiling\n",
         tests=(D + "test_next_delay_full_jitter_and_cap",),
@@ -151,7 +153,7 @@ MUTANTS += [
     ),
     Mutant(
         name="retry-after-ignored",
-        path="gateway/delivery.py",
+        path="gateway/delivery/retry.py",
         old="    if retry_after is not None:\n        return min(retry_after, retry.max_backoff)\n",
         new="",
         tests=(
@@ -162,7 +164,7 @@ MUTANTS += [
     ),
     Mutant(
         name="sigterm-keeps-picking",
-        path="gateway/delivery.py",
+        path="gateway/delivery/worker.py",
         old="        self.picking = False\n",
         new="        pass\n",
         tests=(D + "test_stop_picking_then_drain_leaves_nothing_lost[memory]",),
@@ -170,7 +172,7 @@ MUTANTS += [
     ),
     Mutant(
         name="drop-headers-stored",
-        path="gateway/settlement.py",
+        path="gateway/engine/accept.py",
         old="if n not in drop])",
         new="if True])",
         tests=(D + "test_stored_request_drops_headers_and_the_key[memory]",),
@@ -178,7 +180,7 @@ MUTANTS += [
     ),
     Mutant(
         name="stored-key-header-case",
-        path="gateway/settlement.py",
+        path="gateway/engine/accept.py",
         old="(drop_headers | {key_header.lower()})",
         new="(drop_headers | {key_header})",
         tests=(D + "test_stored_request_keeps_what_the_set_filter_kept",),
@@ -186,7 +188,7 @@ MUTANTS += [
     ),
     Mutant(
         name="resync-strands-accepted-work",
-        path="gateway/delivery.py",
+        path="gateway/delivery/worker.py",
         old='if r.delivery.mode == "async" or r.name in self._pending',
         new='if r.delivery.mode == "async"',
         tests=(D + "test_work_accepted_before_a_reload_made_the_route_sync_is_delivered[memory]",),
@@ -194,7 +196,7 @@ MUTANTS += [
     ),
     Mutant(
         name="idle-process-hears-due-notices",
-        path="gateway/store/redis_notices.py",
+        path="gateway/store/redis/notices.py",
         old="channels = [*self._channels, *self._due_channels] if due else self._channels",
         new="channels = [*self._channels, *self._due_channels]",
         tests=(C + "test_delivery_notices_are_heard_only_while_a_worker_listens" + R,),
@@ -202,7 +204,7 @@ MUTANTS += [
     ),
     Mutant(
         name="due-listener-not-subscribed",
-        path="gateway/store/redis_notices.py",
+        path="gateway/store/redis/notices.py",
         old="        while not self._closing and due == self.due.listening:\n",
         new="        while not self._closing:\n",
         tests=(C + "test_delivery_notices_are_heard_only_while_a_worker_listens" + R,),
@@ -210,7 +212,7 @@ MUTANTS += [
     ),
     Mutant(
         name="worker-listens-without-lanes",
-        path="gateway/delivery.py",
+        path="gateway/delivery/worker.py",
         old="        notices = bool(self.lanes)\n",
         new="        notices = True\n",
         tests=(D + QUIET + "[memory]",),
@@ -218,10 +220,48 @@ MUTANTS += [
     ),
     Mutant(
         name="reload-never-listens",
-        path="gateway/delivery.py",
+        path="gateway/delivery/worker.py",
         old="            found.route = route\n        self._listen()\n",
         new="            found.route = route\n",
         tests=(D + QUIET + "[memory]",),
         breaks="a reload that lets a gateway deliver leaves it deaf to notices (backstop only)",
+    ),
+    Mutant(
+        name="queue-full-says-queued",
+        path="gateway/engine/refusals.py",
+        old='f"({route.delivery.max_queued}). This request was not queued and nothing was kept "',
+        new='f"({route.delivery.max_queued}). This request is queued behind them "',
+        tests=(
+            "tests/test_delivery.py::"
+            "test_an_accept_refused_at_the_bound_keeps_nothing_and_says_retry_later[memory]",
+        ),
+        breaks="a caller refused at max_queued is told its request is queued: it waits "
+        "for a delivery that never comes instead of sending it again",
+    ),
+    Mutant(
+        name="queue-watch-ends-on-an-unforeseen-fault",
+        path="gateway/delivery/worker.py",
+        old="""            except Exception:
+                # One that nobody foresaw ends neither this loop nor, through run()'s
+""",
+        new="""            except NotImplementedError:
+                # One that nobody foresaw ends neither this loop nor, through run()'s
+""",
+        tests=(D + WATCHED + "[queue_stats]",),
+        breaks="a queue watch that meets an error nobody foresaw (a driver's own, after a "
+        "failover) ends the worker: nothing is delivered again until a restart",
+    ),
+    Mutant(
+        name="rescan-ends-on-an-unforeseen-fault",
+        path="gateway/delivery/worker.py",
+        old="""                except Exception as exc:
+                    if isinstance(exc, StoreError):
+""",
+        new="""                except StoreError as exc:
+                    if isinstance(exc, StoreError):
+""",
+        tests=(D + WATCHED + "[due_candidates]",),
+        breaks="a rescan that meets an error nobody foresaw ends the worker: nothing is "
+        "delivered again until a restart",
     ),
 ]

@@ -9,7 +9,7 @@ P = "tests/test_delivery_process.py::"
 MUTANTS = [
     Mutant(
         name="accept-enqueue-dropped",
-        path="gateway/store/lua/accept.lua",
+        path="gateway/store/redis/lua/accept.lua",
         old="  redis.call('ZADD', INDEX.queued, at, MEMBER)\n",
         new="",
         tests=(
@@ -20,7 +20,7 @@ MUTANTS = [
     ),
     Mutant(
         name="rescan-finds-nothing",
-        path="gateway/delivery.py",
+        path="gateway/delivery/worker.py",
         old="                    if due.ref.digest not in lane.live:\n"
         "                        self._hint(lane, due)\n",
         new="                    pass\n",
@@ -30,7 +30,7 @@ MUTANTS = [
     ),
     Mutant(
         name="sigterm-delivery-released",
-        path="gateway/settlement.py",
+        path="gateway/delivery/attempt.py",
         old="""    async def lost(self, reason: str) -> None:
         await self.engine.unknown(self.route, self.ref, self.run_id, reason)
         self.result = "unknown_outcome"
@@ -45,7 +45,7 @@ MUTANTS = [
     ),
     Mutant(
         name="sigterm-keeps-picking-process",
-        path="gateway/delivery.py",
+        path="gateway/delivery/worker.py",
         old="        self.picking = False\n",
         new="        pass\n",
         tests=(P + "test_sigterm_stops_picking_then_marks_unresolved",),

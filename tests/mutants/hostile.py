@@ -13,7 +13,7 @@ def case(*ids: str) -> tuple[str, ...]:
 MUTANTS = [
     Mutant(
         name="key-length-unchecked",
-        path="gateway/keys.py",
+        path="gateway/keying.py",
         old="        if len(key) > spec.max_length:",
         new="        if False:",
         tests=case(
@@ -23,7 +23,7 @@ MUTANTS = [
     ),
     Mutant(
         name="control-characters-allowed",
-        path="gateway/keys.py",
+        path="gateway/keying.py",
         old="        if _CONTROL.search(key):",
         new="        if False:",
         tests=case("header-tab", "header-c1-as-utf8", "query-nul", "query-newline", "body-control"),
@@ -31,7 +31,7 @@ MUTANTS = [
     ),
     Mutant(
         name="surrogates-allowed",
-        path="gateway/keys.py",
+        path="gateway/keying.py",
         old="        if _SURROGATE.search(key):",
         new="        if False:",
         tests=case("body-lone-surrogate", "query-not-utf8", "template-body-surrogate"),
@@ -39,7 +39,7 @@ MUTANTS = [
     ),
     Mutant(
         name="namespace-unhashed",
-        path="gateway/keys.py",
+        path="gateway/keying.py",
         old="    return _frame(s.encode() for s in (route_name, scope, key))[:32]",
         new="    return key",
         tests=(f"{HOSTILE}::test_escaping_keys_stay_in_their_namespace_on_redis",),
@@ -47,7 +47,7 @@ MUTANTS = [
     ),
     Mutant(
         name="query-decoded-lossily",
-        path="gateway/keys.py",
+        path="gateway/keying.py",
         old='keep_blank_values=True, errors="surrogateescape")',
         new='keep_blank_values=True, errors="replace")',
         tests=case("query-not-utf8", "query-cut-utf8", "query-overlong-utf8"),
@@ -55,7 +55,7 @@ MUTANTS = [
     ),
     Mutant(
         name="header-read-as-latin1",
-        path="gateway/keys.py",
+        path="gateway/keying.py",
         old='    return raw.decode("utf-8", "surrogateescape")',
         new="    return value",
         tests=case("header-not-utf8", "header-utf8", "template-header-not-utf8"),
@@ -63,7 +63,7 @@ MUTANTS = [
     ),
     Mutant(
         name="header-unicode-stripped",
-        path="gateway/keys.py",
+        path="gateway/keying.py",
         old='    value = _header_text(values[0]).strip(" \\t")',
         new="    value = _header_text(values[0]).strip()",
         tests=(f"{HOSTILE}::test_different_bytes_never_share_a_key_or_a_response",),
@@ -71,7 +71,7 @@ MUTANTS = [
     ),
     Mutant(
         name="infinite-number-key",
-        path="gateway/keys.py",
+        path="gateway/keying.py",
         old="    if isinstance(value, float) and not math.isfinite(value):",
         new="    if False:",
         tests=case("body-overflowing-number"),
@@ -79,7 +79,7 @@ MUTANTS = [
     ),
     Mutant(
         name="control-header-forwarded",
-        path="gateway/request.py",
+        path="gateway/http/request.py",
         old="        if not bad and _FORBIDDEN_IN_HEADER.search(text):",
         new="        if False:",
         tests=case("control-in-another-header"),
@@ -87,7 +87,7 @@ MUTANTS = [
     ),
     Mutant(
         name="body-limit-removed",
-        path="gateway/request.py",
+        path="gateway/http/request.py",
         old="        size += len(chunk)\n        if size > limit:",
         new="        size += len(chunk)\n        if False:",
         tests=(f"{HOSTILE}::test_chunked_body_growing_past_the_limit_is_cut_off_while_streaming",),
@@ -95,7 +95,7 @@ MUTANTS = [
     ),
     Mutant(
         name="truncated-body-forwarded",
-        path="gateway/request.py",
+        path="gateway/http/request.py",
         old='        if message["type"] == "http.disconnect":\n',
         new='        if message["type"] == "http.disconnect":\n            break\n',
         tests=(f"{HOSTILE}::test_truncated_body_is_never_forwarded",),
@@ -103,7 +103,7 @@ MUTANTS = [
     ),
     Mutant(
         name="decoded-path-forwarded",
-        path="gateway/app.py",
+        path="gateway/proxy/app.py",
         old="                path=raw_path,",
         new='                path=scope["path"],',
         tests=(
@@ -114,7 +114,7 @@ MUTANTS = [
     ),
     Mutant(
         name="other-transfer-codings",
-        path="gateway/request.py",
+        path="gateway/http/request.py",
         old='    if codings and codings != ["chunked"]:',
         new="    if False:",
         tests=(f"{HOSTILE}::test_transfer_codings_other_than_chunked_are_refused",),
@@ -122,7 +122,7 @@ MUTANTS = [
     ),
     Mutant(
         name="head-unbounded",
-        path="gateway/listener.py",
+        path="gateway/http/protocol.py",
         old="            if self._head_bytes > self._limit + READ_SLACK:",
         new="            if False:",
         tests=(f"{HOSTILE}::test_endless_header_line_is_cut_off_while_it_streams",),
@@ -130,7 +130,7 @@ MUTANTS = [
     ),
     Mutant(
         name="header-size-unchecked",
-        path="gateway/listener.py",
+        path="gateway/http/protocol.py",
         old="        if self._header_bytes > self._limit:",
         new="        if False:",
         tests=(f"{HOSTILE}::test_oversized_headers_get_431_and_target_414",),
@@ -138,7 +138,7 @@ MUTANTS = [
     ),
     Mutant(
         name="framing-errors-plain-text",
-        path="gateway/connection.py",
+        path="gateway/http/protocol.py",
         old="    def send_400_response(self, msg: str) -> None:",
         new="    def _unused_send_400_response(self, msg: str) -> None:",
         tests=(f"{HOSTILE}::test_ambiguous_framing_is_refused_and_nothing_is_forwarded",),
@@ -154,7 +154,7 @@ MUTANTS = [
     ),
     Mutant(
         name="continue-held",
-        path="gateway/cycle.py",
+        path="gateway/http/cycle.py",
         old="            self.transport.write(CONTINUE)\n",
         new="            self._head = CONTINUE  # held with the answer's head\n",
         tests=(f"{HOSTILE}::test_expect_continue_and_head_answers_are_not_held",),
@@ -162,7 +162,7 @@ MUTANTS = [
     ),
     Mutant(
         name="head-answer-held",
-        path="gateway/listener.py",
+        path="gateway/http/protocol.py",
         old='        hold = method != "HEAD"',
         new="        hold = True",
         tests=(f"{HOSTILE}::test_expect_continue_and_head_answers_are_not_held",),

@@ -3,7 +3,7 @@ from tests.mutants import Mutant
 MUTANTS = [
     Mutant(
         name="set-cookie-stored",
-        path="gateway/replay.py",
+        path="gateway/engine/replay.py",
         old='NEVER_STORED = frozenset({"set-cookie", "set-cookie2"})',
         new="NEVER_STORED = frozenset()",
         tests=("tests/test_proxy.py::test_set_cookie_and_strip_headers_never_replayed",),

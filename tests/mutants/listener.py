@@ -3,9 +3,8 @@
 from tests.mutants import Mutant
 
 TESTS = "tests/test_listener.py"
-SOURCE = "gateway/listener.py"
-CYCLE = "gateway/cycle.py"
-CONNECTION = "gateway/connection.py"
+SOURCE = "gateway/http/protocol.py"
+CYCLE = "gateway/http/cycle.py"
 
 
 def t(*names: str) -> tuple[str, ...]:
@@ -39,14 +38,44 @@ MUTANTS = [
     ),
     Mutant(
         name="no-head-deadline",
-        path=CONNECTION,
+        path=SOURCE,
         old="        timeout = self._server.header_timeout\n",
         new="        return\n",
         tests=t(
-            "test_connection_that_never_sends_gets_408",
+            "test_connection_that_never_sends_is_closed_quietly",
             "test_trickled_head_is_cut_at_the_head_deadline",
         ),
         breaks="a connection that never sends, or trickles its head, is held forever",
+    ),
+    Mutant(
+        name="idle-connection-answered-408",
+        path=SOURCE,
+        old="        if not self._began:\n",
+        new="        if False:\n",
+        tests=t(
+            "test_connection_that_never_sends_is_closed_quietly",
+            "test_spare_connections_past_the_head_deadline_never_read_a_408",
+            "test_a_real_client_never_reads_an_answer_it_did_not_cause",
+        ),
+        breaks="a connection opened ahead of its first request gets a 408 it did not cause, "
+        "which its client reads as the answer to the request it writes next",
+    ),
+    Mutant(
+        name="begun-head-closed-quietly",
+        path=SOURCE,
+        old="        self._in_head = self._began = True\n",
+        new="        self._in_head = True\n",
+        tests=t("test_a_head_begun_and_left_unfinished_gets_408"),
+        breaks="a head that began and did not finish is closed without its 408",
+    ),
+    Mutant(
+        name="began-outlives-its-request",
+        path=SOURCE,
+        old="        self._began = False\n",
+        new="",
+        tests=t("test_empty_lines_before_a_request_are_no_request"),
+        breaks="empty lines after a request on a kept-alive connection get a 408 for a "
+        "request that never began",
     ),
     Mutant(
         name="head-deadline-restarts-per-read",
@@ -58,7 +87,7 @@ MUTANTS = [
     ),
     Mutant(
         name="no-body-timeout",
-        path=CONNECTION,
+        path=SOURCE,
         old="        timeout = self._server.body_timeout\n",
         new="        return\n",
         tests=t("test_half_sent_body_gets_408_and_is_not_forwarded"),
@@ -66,7 +95,7 @@ MUTANTS = [
     ),
     Mutant(
         name="body-timeout-is-a-deadline",
-        path=CONNECTION,
+        path=SOURCE,
         old="        if idle < timeout:",
         new="        if False:",
         tests=t("test_slow_body_that_keeps_coming_is_read"),
@@ -74,7 +103,7 @@ MUTANTS = [
     ),
     Mutant(
         name="no-connection-cap",
-        path=CONNECTION,
+        path=SOURCE,
         old="if len(self.connections) > self._server.max_connections and not self._make_room():",
         new="if False:",
         tests=t("test_connection_over_the_cap_gets_503_and_idle_ones_make_room"),
@@ -82,7 +111,7 @@ MUTANTS = [
     ),
     Mutant(
         name="idle-connections-keep-their-place",
-        path=CONNECTION,
+        path=SOURCE,
         old="        while self.idle:",
         new="        while False:",
         tests=t("test_connection_over_the_cap_gets_503_and_idle_ones_make_room"),
@@ -90,7 +119,7 @@ MUTANTS = [
     ),
     Mutant(
         name="refusal-out-of-order",
-        path=CONNECTION,
+        path=SOURCE,
         old="        if ready:\n            self._finish()",
         new="        self._finish()",
         tests=t("test_refusal_pipelined_after_a_good_request_waits_for_its_answer"),
@@ -98,7 +127,7 @@ MUTANTS = [
     ),
     Mutant(
         name="refusal-after-its-own-answer",
-        path=CONNECTION,
+        path=SOURCE,
         old="            self._answer = False\n            ready = cycle.response_complete",
         new="            ready = cycle.response_complete",
         tests=t("test_refusal_of_a_request_already_answered_is_not_sent"),
@@ -106,7 +135,7 @@ MUTANTS = [
     ),
     Mutant(
         name="expect-forwarded",
-        path="gateway/forwarding.py",
+        path="gateway/headers.py",
         old='        "expect",',
         new="",
         tests=t("test_expect_100_continue_is_answered_by_the_gateway_not_forwarded"),
@@ -127,14 +156,14 @@ MUTANTS = [
     Mutant(
         name="two-dates",
         path="gateway/serve.py",
-        old="        date_header=settings is None,",
-        new="        date_header=True,",
+        old="        grace=grace + 5,\n",
+        new="        grace=grace + 5,\n        date_header=True,\n",
         tests=t("test_every_answer_has_exactly_one_date"),
         breaks="forwarded and replayed responses carry two Date lines",
     ),
     Mutant(
         name="no-gateway-date",
-        path="gateway/app.py",
+        path="gateway/proxy/app.py",
         old='    headers.append((b"date", http_date()))',
         new="    pass",
         tests=t("test_every_answer_has_exactly_one_date"),
@@ -150,7 +179,7 @@ MUTANTS = [
     ),
     Mutant(
         name="keep-alive-closes-on-unread-request",
-        path=CONNECTION,
+        path=SOURCE,
         old="        if _unread_bytes(self.transport):\n            return",
         new="",
         tests=t("test_keep_alive_expiry_with_a_request_waiting_answers_it"),
@@ -158,7 +187,7 @@ MUTANTS = [
     ),
     Mutant(
         name="hard-close",
-        path=CONNECTION,
+        path=SOURCE,
         old="        transport.write_eof()\n",
         new="        transport.close()\n        return\n",
         tests=t(

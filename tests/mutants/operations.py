@@ -26,7 +26,7 @@ MUTANTS = [
     ),
     Mutant(
         name="first-attempt-after-requeue",
-        path="gateway/settlement.py",
+        path="gateway/delivery/attempt.py",
         old="    if record.attempts == 1 and not record.last_attempt:",
         new="    if record.attempts == 1:",
         tests=(
@@ -36,20 +36,21 @@ MUTANTS = [
     ),
     Mutant(
         name="redis-listing-misses-retrying",
-        path="gateway/store/redis_delivery.py",
-        old="QUEUE_STATES_ORDER = (State.QUEUED, State.RETRYING)",
-        new="QUEUE_STATES_ORDER = (State.QUEUED, State.QUEUED)",
+        path="gateway/store/redis/listing.py",
+        old="_COUNTED_NAMES = {str(state): state for state in COUNTED_STATES}",
+        new="_COUNTED_NAMES = {str(s): s for s in COUNTED_STATES if s is not State.RETRYING}",
         tests=(
             S + "test_open_records_lists_queued_and_retrying_from_the_due_indexes[redis]",
             A + "test_deliveries_are_listed_by_their_states[redis]",
         ),
-        breaks="keys list --state retrying shows nothing on Redis; queued lists retrying ones",
+        breaks="keys list --state retrying shows nothing on Redis, and retrying deliveries "
+        "are not counted",
     ),
     Mutant(
         name="memory-listing-ignores-state",
         path="gateway/store/memory.py",
-        old="            if self._records[digest].state in states\n",
-        new="",
+        old="            if state not in states or (route is not None and name != route):\n",
+        new="            if route is not None and name != route:\n",
         tests=(S + "test_open_records_lists_queued_and_retrying_from_the_due_indexes[memory]",),
         breaks="every listing shows every waiting delivery, whatever state was asked for",
     ),

@@ -1,5 +1,6 @@
-"""Who an operator is and what they may do (gateway/operators.py, gateway/actions.py,
-gateway/admin.py), caught by tests/test_operators.py and tests/test_admin.py."""
+"""Who an operator is and what they may do (gateway/operators/identity.py,
+gateway/operators/actions.py, gateway/admin/api.py), caught by tests/test_operators.py and
+tests/test_admin.py."""
 
 from tests.mutants import Mutant
 
@@ -9,7 +10,7 @@ A = "tests/test_admin.py::"
 MUTANTS = [
     Mutant(
         name="identity-header-believed-from-anywhere",
-        path="gateway/operators.py",
+        path="gateway/operators/identity.py",
         old="        if self.identity_header and self.trusts(client_host):\n",
         new="        if self.identity_header:\n",
         tests=(
@@ -21,7 +22,7 @@ MUTANTS = [
     ),
     Mutant(
         name="identity-peer-from-x-forwarded-for",
-        path="gateway/admin.py",
+        path="gateway/admin/api.py",
         old="    client = request.client.host if request.client is not None else None\n",
         new='    client = request.headers.get("x-forwarded-for") or (\n'
         "        request.client.host if request.client is not None else None\n"
@@ -34,7 +35,7 @@ MUTANTS = [
     ),
     Mutant(
         name="viewer-may-claim-and-resolve",
-        path="gateway/actions.py",
+        path="gateway/operators/actions.py",
         old="    if operator.role is not Role.OPERATOR:\n",
         new="    if False:\n",
         tests=(
@@ -45,7 +46,7 @@ MUTANTS = [
     ),
     Mutant(
         name="operator-field-overrides-the-authenticated-name",
-        path="gateway/operators.py",
+        path="gateway/operators/identity.py",
         old='            if named is None or named == "" or named == self.name:\n'
         "                return self\n",
         new='            if named is None or named == "" or named == self.name:\n'
@@ -61,7 +62,7 @@ MUTANTS = [
     ),
     Mutant(
         name="shared-token-recorded-as-the-name-given",
-        path="gateway/operators.py",
+        path="gateway/operators/identity.py",
         old='        return self.name + SHARED_MARK if self.via == "shared_token" else self.name\n',
         new="        return self.name\n",
         tests=(
@@ -73,7 +74,7 @@ MUTANTS = [
     ),
     Mutant(
         name="token-comparison-stops-at-the-first-match",
-        path="gateway/operators.py",
+        path="gateway/operators/identity.py",
         old="            if hmac.compare_digest(given, digest) and found is None:\n"
         "                found = operator\n",
         new="            if hmac.compare_digest(given, digest):\n                return operator\n",
@@ -82,10 +83,11 @@ MUTANTS = [
     ),
     Mutant(
         name="reload-keeps-removed-operators",
-        path="gateway/app.py",
+        path="gateway/assembly.py",
         old="        self.operators = Operators(config.admin)\n"
-        "        self.engine.config = config\n",
-        new="        self.engine.config = config\n",
+        "        self.roster.configure(self.operators.roster())\n"
+        "        self.engine.configure(config)\n",
+        new="        self.engine.configure(config)\n",
         tests=(A + "test_a_removed_operator_is_refused_after_a_reload",),
         breaks="an operator removed from the config keeps acting until a restart",
     ),
@@ -113,7 +115,7 @@ MUTANTS += [
     ),
     Mutant(
         name="claim-with-a-bad-force-is-a-500",
-        path="gateway/admin.py",
+        path="gateway/admin/api.py",
         old='        raise BadOperatorRequest("force is true or false.", field="force")\n',
         new='        raise RuntimeError("force is true or false.")\n',
         tests=(T + "test_schemathesis_finds_no_5xx_and_nothing_outside_the_document[operator]",),

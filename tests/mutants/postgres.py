@@ -5,9 +5,9 @@ from tests.mutants import Mutant
 CONTRACT = "tests/test_store_contract.py"
 POSTGRES = "tests/test_store_postgres.py"
 
-FREE = "gateway/store/sql/003_take_function.sql"
-TAKE = "gateway/store/sql/004_hot_path.sql"
-POOL = "gateway/store/postgres_pool.py"
+FREE = "gateway/store/postgres/sql/003_take_function.sql"
+TAKE = "gateway/store/postgres/sql/004_hot_path.sql"
+POOL = "gateway/store/postgres/pool.py"
 
 # The claim's rule of a free key (gateway_free, migration 003), which gateway_take
 # (004) asks of the row its read saw and, in its UPDATE's WHERE, of the row that UPDATE
@@ -90,7 +90,7 @@ MUTANTS = [
     ),
     Mutant(
         name="pg-reaper-deletes-open-records",
-        path="gateway/store/sql/reap.sql",
+        path="gateway/store/postgres/sql/reap.sql",
         old="AND r.state IN ('completed', 'released') AND r.expires_ms <= (SELECT now FROM t)",
         new="AND coalesce(r.expires_ms, r.lease_until_ms) <= (SELECT now FROM t)",
         tests=(f"{POSTGRES}::test_the_reaper_deletes_expired_settled_records_and_nothing_open",),
@@ -131,7 +131,7 @@ MUTANTS = [
     ),
     Mutant(
         name="pg-pool-lends-a-cut-short-connection",
-        path="gateway/store/postgres_sql.py",
+        path="gateway/store/postgres/database.py",
         old="""                    keep = False
                     try:""",
         new="""                    keep = True
@@ -142,7 +142,7 @@ MUTANTS = [
     ),
     Mutant(
         name="pg-timeout-retried",
-        path="gateway/store/postgres_sql.py",
+        path="gateway/store/postgres/database.py",
         old="                if retried or isinstance(exc, TimeoutError):\n",
         new="                if retried:\n",
         tests=(f"{POSTGRES}::test_a_call_that_runs_out_of_time_is_not_retried",),

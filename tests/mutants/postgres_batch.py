@@ -2,8 +2,8 @@
 
 from tests.mutants import Mutant
 
-BATCH = "gateway/store/postgres_batch.py"
-SQL = "gateway/store/postgres_sql.py"
+BATCH = "gateway/store/postgres/batch.py"
+SQL = "gateway/store/postgres/database.py"
 TESTS = "tests/test_store_postgres_batch.py"
 
 MUTANTS = [

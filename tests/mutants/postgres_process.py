@@ -9,7 +9,7 @@ from tests.mutants import Mutant
 
 FAULTS = "tests/test_postgres_faults.py::"
 CRASHES = "tests/test_crashes.py::test_sigkill_mid_request_then_new_gateway"
-SQL = "gateway/store/postgres_sql.py"
+SQL = "gateway/store/postgres/database.py"
 DELIVERY = "tests/test_delivery_process.py::"
 
 _PICK_LOCKS = """\
@@ -28,7 +28,7 @@ earliest AS (
 
 PG_LEASE_EXPIRY_FREES = Mutant(
     name="pg-lease-expiry-frees",
-    path="gateway/store/sql/expire.sql",
+    path="gateway/store/postgres/sql/expire.sql",
     old="state = CASE WHEN $2 = 'release' AND NOT r.delivery THEN 'released'",
     new="state = CASE WHEN NOT r.delivery THEN 'released'",
     tests=(f"{CRASHES}[postgres-reconcile]", f"{CRASHES}[postgres-park]"),
@@ -66,7 +66,7 @@ MUTANTS = [
     ),
     Mutant(
         name="pg-fail-open-when-down",
-        path="gateway/engine.py",
+        path="gateway/engine/core.py",
         old='if route.on_store_error == "fail_open":',
         new="if True:",
         tests=(
@@ -78,7 +78,7 @@ MUTANTS = [
     ),
     Mutant(
         name="pg-pick-not-locked",
-        path="gateway/store/sql/pick.sql",
+        path="gateway/store/postgres/sql/pick.sql",
         old=_PICK_LOCKS,
         new=_PICK_LOCKS.replace("    FOR UPDATE OF r SKIP LOCKED\n", ""),
         tests=(

@@ -17,7 +17,7 @@ MUTANTS = [
     ),
     Mutant(
         name="redis-release-any-run",
-        path="gateway/store/lua/release.lua",
+        path="gateway/store/redis/lua/release.lua",
         old="if state ~= 'in_flight' or redis.call('HGET', R, 'r') ~= ARGV[3] then return 0 end",
         new="if state ~= 'in_flight' then return 0 end",
         tests=(STATES,),
@@ -25,7 +25,7 @@ MUTANTS = [
     ),
     Mutant(
         name="redis-expired-lease-freed",
-        path="gateway/store/lua/_lib.lua",
+        path="gateway/store/redis/lua/_lib.lua",
         old="if policy == 'release' then",
         new="if policy ~= 'parked' then",
         tests=(STATES,),
@@ -33,7 +33,7 @@ MUTANTS = [
     ),
     Mutant(
         name="redis-completed-response-overwritten",
-        path="gateway/store/lua/complete.lua",
+        path="gateway/store/redis/lua/complete.lua",
         old="if state == 'completed' then return 1 end",
         new="if state == 'completed' then redis.call('HSET', R, 'resp', ARGV[4]) return 1 end",
         tests=(STATES,),
@@ -41,7 +41,7 @@ MUTANTS = [
     ),
     Mutant(
         name="redis-operator-resolve-not-holder",
-        path="gateway/store/lua/op_resolve.lua",
+        path="gateway/store/redis/lua/op_resolve.lua",
         old="if holder ~= ARGV[3] then return {0, 'holder', holder} end",
         new="",
         tests=(STATES,),
@@ -49,7 +49,7 @@ MUTANTS = [
     ),
     Mutant(
         name="redis-inconclusive-check-releases",
-        path="gateway/store/lua/check_end.lua",
+        path="gateway/store/redis/lua/check_end.lua",
         old="elseif ARGV[4] == 'not_done' then",
         new="elseif ARGV[4] ~= 'done' then",
         # The state machine reaches an inconclusive check on a sync key only for some
@@ -63,7 +63,7 @@ MUTANTS = [
     ),
     Mutant(
         name="redis-index-left-behind",
-        path="gateway/store/lua/_lib.lua",
+        path="gateway/store/redis/lua/_lib.lua",
         old="if INDEX[from] then redis.call('ZREM', INDEX[from], MEMBER) end",
         new="",
         tests=(STATES,),
@@ -72,7 +72,7 @@ MUTANTS = [
     # -- period windows ---------------------------------------------------------------
     Mutant(
         name="window-ignores-offset-change",
-        path="gateway/keys.py",
+        path="gateway/keying.py",
         old="if _offset(start, zone) == offset:",
         new="if True:",
         tests=(P + "test_windows_around_every_offset_change_of_every_zone",),
@@ -80,7 +80,7 @@ MUTANTS = [
     ),
     Mutant(
         name="window-off-by-one-at-spring-forward",
-        path="gateway/keys.py",
+        path="gateway/keying.py",
         old="if offset > old_offset and floor >= wall_before_change:",
         new="if offset > old_offset and floor > wall_before_change:",
         tests=(P + "test_windows_around_every_offset_change_of_every_zone",),
@@ -89,7 +89,7 @@ MUTANTS = [
     # -- templates and keys -------------------------------------------------------------
     Mutant(
         name="template-part-not-escaped",
-        path="gateway/keys.py",
+        path="gateway/keying.py",
         old='pieces.append(value if piece.kind == "period" else _escape(value, escapes))',
         new="pieces.append(value)",
         tests=(P + "test_template_rendering_is_injective",),
@@ -113,7 +113,7 @@ MUTANTS = [
     ),
     Mutant(
         name="quoted-header-escapes-kept",
-        path="gateway/keys.py",
+        path="gateway/keying.py",
         old='return _SF_ESCAPE.sub(r"\\1", m.group(1))',
         new="return m.group(1)",
         tests=(P + "test_equivalent_requests_give_one_record",),
@@ -121,7 +121,7 @@ MUTANTS = [
     ),
     Mutant(
         name="scope-hash-skipped",
-        path="gateway/keys.py",
+        path="gateway/keying.py",
         old="    if not spec.scope:\n",
         new="    if True:\n",
         tests=(P + "test_different_keys_and_tenants_never_share_a_record",),
@@ -129,9 +129,9 @@ MUTANTS = [
     ),
     Mutant(
         name="record-name-holds-user-key",
-        path="gateway/store/redis.py",
-        old="return self._layout(_bucket(ref.digest), ref.digest, ref.route)",
-        new="return self._layout(_bucket(ref.digest), ref.key, ref.route)",
+        path="gateway/store/redis/store.py",
+        old="return self._layout(bucket_of(ref.digest), ref.digest, ref.route)",
+        new="return self._layout(bucket_of(ref.digest), ref.key, ref.route)",
         tests=(P + "test_record_names_are_hashed_and_tagged",),
         breaks="a user's key becomes a Redis name: ../*{x} keys can reach other records",
     ),

@@ -9,7 +9,7 @@ WRONG = S + "test_every_wrong_url_gets_the_identical_404"
 MUTANTS = [
     Mutant(
         name="status-token-unchecked",
-        path="gateway/status.py",
+        path="gateway/proxy/status.py",
         old="    if not hmac.compare_digest(record.token.encode(), given.encode()):\n",
         new="    if False:\n",
         tests=(WRONG + "[memory]", WRONG + "[redis]"),
@@ -17,7 +17,7 @@ MUTANTS = [
     ),
     Mutant(
         name="status-route-unchecked",
-        path="gateway/status.py",
+        path="gateway/proxy/status.py",
         old="record is None or record.route != name or not record.delivery",
         new="record is None or not record.delivery",
         tests=(WRONG + "[memory]", WRONG + "[redis]"),
@@ -25,7 +25,7 @@ MUTANTS = [
     ),
     Mutant(
         name="status-scope-unchecked",
-        path="gateway/status.py",
+        path="gateway/proxy/status.py",
         old="    if not _scope_matches(route, record, headers):\n",
         new="    if False:\n",
         tests=(WRONG + "[memory]",),
@@ -41,7 +41,7 @@ MUTANTS = [
     ),
     Mutant(
         name="status-token-32-bits",
-        path="gateway/settlement.py",
+        path="gateway/engine/accept.py",
         old="base64.urlsafe_b64encode(drawn[8:])",
         new="base64.urlsafe_b64encode(drawn[8:12] * 4)",
         tests=(S + "test_the_token_is_all_128_bits_of_its_own_draw",),
@@ -49,7 +49,7 @@ MUTANTS = [
     ),
     Mutant(
         name="status-token-is-the-run-id",
-        path="gateway/settlement.py",
+        path="gateway/engine/accept.py",
         old="return drawn[:8].hex(), base64",
         new="return drawn[8:16].hex(), base64",
         tests=(S + "test_the_token_is_all_128_bits_of_its_own_draw",),

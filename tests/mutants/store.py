@@ -6,7 +6,7 @@ REPL = "tests/test_store_replication.py"
 MUTANTS = [
     Mutant(
         name="resp-cancelled-reply-handed-on",
-        path="gateway/store/resp.py",
+        path="gateway/store/redis/resp.py",
         old="""            if waiter.done():  # its caller gave up (cancelled): drop the reply
                 continue
 """,
@@ -16,7 +16,7 @@ MUTANTS = [
     ),
     Mutant(
         name="resp-no-watchdog",
-        path="gateway/store/resp.py",
+        path="gateway/store/redis/resp.py",
         old="protocol.loop.time() - protocol.pending[0][1] > self._timeout",
         new="protocol.loop.time() - protocol.pending[0][1] > 1e9",
         tests=(f"{RESP}::test_hung_redis_fails_calls_in_bounded_time_then_recovers",),
@@ -24,7 +24,7 @@ MUTANTS = [
     ),
     Mutant(
         name="resp-noscript-not-reloaded",
-        path="gateway/store/redis.py",
+        path="gateway/store/redis/store.py",
         old='if message.startswith("NOSCRIPT") and not loaded:',
         new="if False:",
         tests=(f"{RESP}::test_restarted_redis_gets_its_scripts_again",),
@@ -32,7 +32,7 @@ MUTANTS = [
     ),
     Mutant(
         name="resp-asyncio-only-transport",
-        path="gateway/store/resp.py",
+        path="gateway/store/redis/resp.py",
         old="self.transport = cast(asyncio.Transport, transport)",
         new="assert isinstance(transport, asyncio.Transport)\n        self.transport = transport",
         tests=(f"{RESP}::test_concurrent_calls_each_get_their_own_reply",),
@@ -40,12 +40,16 @@ MUTANTS = [
     ),
 ]
 
+FILTERED = (
+    "tests/test_store_contract.py::test_a_filtered_page_reads_a_bounded_part_and_next_goes_on[{}]"
+)
+
 PACKED = f"{RESP}::test_every_script_call_is_packed_as_hiredis_and_redis_py_pack_it"
 
 MUTANTS += [
     Mutant(
         name="redis-template-shared-across-buckets",
-        path="gateway/store/redis_scripts.py",
+        path="gateway/store/redis/scripts.py",
         old="slot = (name, route, bucket)",
         new="slot = (name, route, 0)",
         tests=(
@@ -56,7 +60,7 @@ MUTANTS += [
     ),
     Mutant(
         name="redis-template-shared-across-routes",
-        path="gateway/store/redis_scripts.py",
+        path="gateway/store/redis/scripts.py",
         old="slot = (name, route, bucket)",
         new='slot = (name, "", bucket)',
         tests=(PACKED,),
@@ -64,7 +68,7 @@ MUTANTS += [
     ),
     Mutant(
         name="redis-template-digest-size-ignored",
-        path="gateway/store/redis_scripts.py",
+        path="gateway/store/redis/scripts.py",
         old="template is None or template.hole_size != len(hole) or",
         new="template is None or",
         tests=(PACKED,),
@@ -72,7 +76,7 @@ MUTANTS += [
     ),
     Mutant(
         name="redis-template-keeps-a-stale-sha",
-        path="gateway/store/redis_scripts.py",
+        path="gateway/store/redis/scripts.py",
         old="""            for key in [key for key in self._templates if key[0] == name]:
                 del self._templates[key]
 """,
@@ -86,7 +90,7 @@ MUTANTS.extend(
     [
         Mutant(
             name="notice-without-response",
-            path="gateway/store/lua/complete.lua",
+            path="gateway/store/redis/lua/complete.lua",
             old="redis.call('SPUBLISH', CHANNEL, MEMBER .. '\\n' .. rec[5] .. '\\n' .. ARGV[4])",
             new="redis.call('SPUBLISH', CHANNEL, MEMBER)",
             tests=("tests/test_proxy.py::test_waiting_duplicate_costs_one_round_trip",),
@@ -94,7 +98,7 @@ MUTANTS.extend(
         ),
         Mutant(
             name="retried-claim-skips-the-replicas",
-            path="gateway/store/redis.py",
+            path="gateway/store/redis/store.py",
             old="        if ours and acked < self.wait_for_replicas:",
             new="        if record is None and acked < self.wait_for_replicas:",
             tests=(
@@ -105,7 +109,7 @@ MUTANTS.extend(
         ),
         Mutant(
             name="retried-accept-skips-the-replicas",
-            path="gateway/store/redis_delivery.py",
+            path="gateway/store/redis/delivery.py",
             old="and ours and acked < self.wait_for_replicas:",
             new="and record is None and acked < self.wait_for_replicas:",
             tests=(
@@ -116,7 +120,7 @@ MUTANTS.extend(
         ),
         Mutant(
             name="wait-outlasts-the-socket",
-            path="gateway/store/redis.py",
+            path="gateway/store/redis/store.py",
             old="int(config.socket_timeout * 500)",
             new="int(config.socket_timeout * 1000)",
             tests=(
@@ -124,6 +128,67 @@ MUTANTS.extend(
             ),
             breaks="WAIT's answer arrives after the read timed out: the claim is neither confirmed "
             "nor released, and redis-py retries it",
+        ),
+        Mutant(
+            name="redis-listing-reads-unbounded",
+            path="gateway/store/redis/listing.py",
+            old="len(found) <= wanted and rounds < READ_ROUNDS:",
+            new="len(found) <= wanted:",
+            tests=(FILTERED.format("redis"), FILTERED.format("cluster")),
+            breaks="a page of in-flight keys by age reads on past every key too young: one "
+            "viewer's request costs a script per bucket per two keys in flight",
+        ),
+        Mutant(
+            name="redis-listing-bounded-page-ends-the-walk",
+            path="gateway/store/redis/listing.py",
+            old="resume = at.position if more and at is not None and at is not start else None",
+            new="resume = None",
+            tests=(FILTERED.format("redis"), FILTERED.format("cluster")),
+            breaks="a page that stops at its bound comes back empty with `next` empty while "
+            "older keys follow: the console and the sweep stop short",
+        ),
+        Mutant(
+            name="postgres-listing-reads-unbounded",
+            path="gateway/store/postgres/listing.py",
+            old="len(found) <= wanted and rounds < READ_ROUNDS:",
+            new="len(found) <= wanted:",
+            tests=(FILTERED.format("postgres"),),
+            breaks="a page of in-flight keys by age reads on past every key too young: one "
+            "viewer's request reads every in-flight row",
+        ),
+        Mutant(
+            name="postgres-listing-bounded-page-ends-the-walk",
+            path="gateway/store/postgres/listing.py",
+            old="resume = at.position if more and at is not None and at is not start else None",
+            new="resume = None",
+            tests=(FILTERED.format("postgres"),),
+            breaks="a page that stops at its bound comes back empty with `next` empty while "
+            "older keys follow: the console and the sweep stop short",
+        ),
+        Mutant(
+            name="sqlite-listing-short-page-ends-the-walk",
+            path="gateway/store/sqlite/listing.py",
+            old="return page_of(found, start, wanted, now, resume=bound)",
+            new="return page_of(found, start, wanted, now)",
+            tests=(FILTERED.format("sqlite"),),
+            breaks="a page of in-flight keys by age whose read ends among keys too young says "
+            "the walk ends while older keys follow",
+        ),
+        Mutant(
+            name="memory-listing-reads-unbounded",
+            path="gateway/store/memory.py",
+            old="            if budget == 0:\n                break\n",
+            new="",
+            tests=(FILTERED.format("memory"),),
+            breaks="a page of in-flight keys by age reads on past every key too young",
+        ),
+        Mutant(
+            name="page-bounded-read-drops-its-resume",
+            path="gateway/store/pages.py",
+            old="        on = Cursor(resume) if resume is not None and not backward else None\n",
+            new="        on = None\n",
+            tests=(FILTERED.format("memory"), FILTERED.format("sqlite")),
+            breaks="an empty page that stopped at its bound says the walk ends",
         ),
     ]
 )

@@ -34,7 +34,7 @@ MUTANTS = [
     ),
     Mutant(
         name="replay-keeps-stored-framing",
-        path="gateway/replay.py",
+        path="gateway/engine/replay.py",
         old="    headers = _replayable(stored.headers)\n",
         new="    headers = list(stored.headers)\n",
         tests=(H + "test_replay_drops_stored_framing_and_hop_by_hop_headers",),
@@ -42,7 +42,7 @@ MUTANTS = [
     ),
     Mutant(
         name="operator-response-unchecked",
-        path="gateway/actions.py",
+        path="gateway/operators/actions.py",
         old="            check_response(answer, max_body, ref.route)\n",
         new="            pass\n",
         tests=(
@@ -53,7 +53,7 @@ MUTANTS = [
     ),
     Mutant(
         name="eviction-policy-ignored",
-        path="gateway/store/base.py",
+        path="gateway/records.py",
         old="        if not self.evicts or allow_eviction:\n",
         new="        if True:\n",
         tests=(S + "test_an_evicting_policy_fails_readiness_and_says_how_to_fix_it",),
@@ -61,7 +61,7 @@ MUTANTS = [
     ),
     Mutant(
         name="cluster-info-first-master-only",
-        path="gateway/store/redis_info.py",
+        path="gateway/store/redis/info.py",
         old="found = reduce(StoreInfo.worse, masters)",
         new="found = masters[0]",
         tests=(S + "test_a_cluster_reports_its_worst_master",),
@@ -69,7 +69,7 @@ MUTANTS = [
     ),
     Mutant(
         name="keys-cli-options-before-the-action-only",
-        path="gateway/admin_client.py",
+        path="gateway/admin/client.py",
         old="    _shared_options(shared, defaults=False)\n",
         new="",
         tests=(C + "test_every_action_takes_the_options_in_either_place",),
@@ -77,7 +77,7 @@ MUTANTS = [
     ),
     Mutant(
         name="keys-cli-action-default-overwrites",
-        path="gateway/admin_client.py",
+        path="gateway/admin/client.py",
         old="        default=url if defaults else argparse.SUPPRESS,\n",
         new="        default=url,\n",
         tests=(C + "test_a_value_before_the_action_is_not_overwritten_by_the_actions_default",),
@@ -85,7 +85,7 @@ MUTANTS = [
     ),
     Mutant(
         name="cluster-script-loaded-per-caller",
-        path="gateway/store/redis_scripts.py",
+        path="gateway/store/redis/scripts.py",
         old="        loading = self._loading.get(script.sha)\n",
         new="        loading = None\n",
         tests=(S + "test_a_cluster_loads_a_flushed_script_once_not_once_per_caller",),
@@ -93,10 +93,38 @@ MUTANTS = [
     ),
     Mutant(
         name="cluster-closed-connection-is-a-500",
-        path="gateway/store/redis_topology.py",
-        old="    except AttributeError as exc:\n",
+        path="gateway/store/redis/topology.py",
+        old="    except (AttributeError, RuntimeError) as exc:\n",
         new="    except NotImplementedError as exc:\n",
         tests=(S + "test_a_cluster_connection_closed_under_commands_is_a_store_error",),
         breaks="a command redis-py's cluster client closed under it escapes as a 500",
+    ),
+    Mutant(
+        name="cluster-closed-connection-on-uvloop-is-a-500",
+        path="gateway/store/redis/topology.py",
+        old="    except (AttributeError, RuntimeError) as exc:\n",
+        new="    except AttributeError as exc:\n",
+        tests=(S + "test_a_cluster_connection_closed_under_commands_is_a_store_error",),
+        breaks="on uvloop (the gateway's loop), a command redis-py's cluster client closed "
+        "under it escapes as RuntimeError: a 500, and the delivery worker's queue watch "
+        "ends on it",
+    ),
+    Mutant(
+        name="cluster-unreachable-is-no-store-error",
+        path="gateway/store/redis/topology.py",
+        old="    except RedisClusterException as exc:\n",
+        new="    except NotImplementedError as exc:\n",
+        tests=(S + "test_a_cluster_no_node_answers_is_a_store_error_and_its_listener_lives",),
+        breaks="with no cluster node answering, store calls raise redis-py's "
+        "RedisClusterException (a 500; the delivery worker's queue watch ends on it)",
+    ),
+    Mutant(
+        name="cluster-refresh-kills-the-listener",
+        path="gateway/store/redis/topology.py",
+        old="        with _closed_under_it():\n            return await super().initialize(",
+        new="        if True:\n            return await super().initialize(",
+        tests=(S + "test_a_cluster_no_node_answers_is_a_store_error_and_its_listener_lives",),
+        breaks="the notifications listener ends on a topology refresh no node answers, and "
+        "the store never subscribes again",
     ),
 ]

@@ -9,7 +9,7 @@ STREAMS = "tests/test_body_stream.py"
 MUTANTS = [
     Mutant(
         name="no-back-pressure",
-        path="gateway/response.py",
+        path="gateway/upstream/response.py",
         old=(
             "        if self._queued < STREAM_HIGH and budget.held <= budget.limit:\n"
             "            return\n"
@@ -23,7 +23,7 @@ MUTANTS = [
     ),
     Mutant(
         name="no-write-timeout",
-        path="gateway/connection.py",
+        path="gateway/http/protocol.py",
         old="        if self._stall is None:\n",
         new="        if False:\n",
         tests=(f"{STREAMING}::test_a_caller_that_never_reads_a_stored_answer",),
@@ -31,7 +31,7 @@ MUTANTS = [
     ),
     Mutant(
         name="cut-stream-completed",
-        path="gateway/app.py",
+        path="gateway/proxy/app.py",
         old="        _cut_off(transport, exc.reason)\n",
         new='        await send({"type": "http.response.body", "body": b"", "more_body": False})\n',
         tests=(f"{STREAMING}::test_body_cut_after_streaming_began[chunked]",),
@@ -39,7 +39,7 @@ MUTANTS = [
     ),
     Mutant(
         name="keyed-stream-closed-with-its-caller",
-        path="gateway/response.py",
+        path="gateway/upstream/response.py",
         old="        if self._read_to_end:\n            self._discarding = True\n",
         new="        if False:\n            self._discarding = True\n",
         tests=(
@@ -51,7 +51,7 @@ MUTANTS = [
     ),
     Mutant(
         name="budget-ignored",
-        path="gateway/exchange.py",
+        path="gateway/upstream/parser.py",
         old="            if size > self.hold or budget.held + len(body) > budget.limit:\n",
         new="            if size > self.hold:\n",
         tests=(f"{STREAMING}::test_budget_streams_what_it_cannot_hold",),
@@ -59,7 +59,7 @@ MUTANTS = [
     ),
     Mutant(
         name="slow-reader-holds-the-key",
-        path="gateway/response.py",
+        path="gateway/upstream/response.py",
         old=(
             "        self._late = True\n"
             "        self._timer = loop.call_at(self._give_up, self._expire)\n"
@@ -72,7 +72,7 @@ MUTANTS = [
     ),
     Mutant(
         name="reader-time-counted-as-upstream",
-        path="gateway/response.py",
+        path="gateway/upstream/response.py",
         old="        if not self._read_to_end and self._timer is not None:\n",
         new="        if False:\n",
         tests=(f"{STREAMS}::test_time_paused_for_a_reader_is_not_the_upstreams",),

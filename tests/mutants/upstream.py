@@ -13,10 +13,11 @@ HOSTILE = "tests/test_upstream_hostile.py"
 
 TIMEOUT_NOT_SENT = Mutant(
     name="timeout-not-sent",
-    path="gateway/upstream.py",
+    path="gateway/upstream/client.py",
     old=(
         "            raise OutcomeLost(\n"
-        '                f"no complete answer within {deadline:g}s{_after(exchange.status)}",\n'
+        '                f"no complete answer within {deadline:g}s'
+        '{after_status(exchange.status)}",\n'
         "                exchange.status,\n"
         "            ) from None\n"
     ),
@@ -28,7 +29,7 @@ TIMEOUT_NOT_SENT = Mutant(
 MUTANTS = [
     Mutant(
         name="answer-out-of-step-reused",
-        path="gateway/exchange.py",
+        path="gateway/upstream/parser.py",
         old="return self.complete and self.keep_alive and not self.out_of_step and self.error",
         new="return self.complete and self.keep_alive and self.error",
         tests=(
@@ -41,7 +42,7 @@ MUTANTS = [
     ),
     Mutant(
         name="closed-connection-written-to",
-        path="gateway/pool.py",
+        path="gateway/upstream/pool.py",
         old="            and not _readable(self.poller)\n",
         new="",
         tests=(
@@ -53,7 +54,7 @@ MUTANTS = [
     ),
     Mutant(
         name="upstream-keep-alive-not-configured",
-        path="gateway/app.py",
+        path="gateway/assembly.py",
         old="Upstream(keepalive=config.server.upstream_keep_alive)",
         new="Upstream(keepalive=2.0)",
         tests=(
@@ -65,7 +66,7 @@ MUTANTS = [
     ),
     Mutant(
         name="response-trailers-become-headers",
-        path="gateway/exchange.py",
+        path="gateway/upstream/parser.py",
         old="        if not self.in_body:\n            self.headers.append((name, value))\n",
         new="        self.headers.append((name, value))\n",
         tests=(f"{HOSTILE}::test_trailers_and_connection_named_headers_never_reach_the_caller",),
@@ -73,7 +74,7 @@ MUTANTS = [
     ),
     Mutant(
         name="connection-named-response-headers-kept",
-        path="gateway/forwarding.py",
+        path="gateway/headers.py",
         old="    if named:\n        return tuple(",
         new="    if False:\n        return tuple(",
         tests=(f"{HOSTILE}::test_trailers_and_connection_named_headers_never_reach_the_caller",),
@@ -81,7 +82,7 @@ MUTANTS = [
     ),
     Mutant(
         name="response-head-unbounded",
-        path="gateway/exchange.py",
+        path="gateway/upstream/parser.py",
         old="        if self.framing > MAX_RESPONSE_HEAD and",
         new="        if False and",
         tests=(f"{HOSTILE}::test_an_endless_field_line_is_cut_as_it_streams",),
@@ -89,7 +90,7 @@ MUTANTS = [
     ),
     Mutant(
         name="tls-cut-body-complete",
-        path="gateway/pool.py",
+        path="gateway/upstream/pool.py",
         old='return cast(bytes, ssl_object.read(1)) == b""',
         new="return True",
         tests=(f"{HOSTILE}::test_tls_body_until_close_needs_close_notify",),
@@ -98,10 +99,10 @@ MUTANTS = [
     ),
     Mutant(
         name="client-resends-on-broken-connection",
-        path="gateway/upstream.py",
-        old="        except _Broken as exc:\n",
+        path="gateway/upstream/client.py",
+        old="        except Broken as exc:\n",
         new=(
-            "        except _Broken as exc:\n"
+            "        except Broken as exc:\n"
             "            if exc.status is None:\n"
             "                return await self.forward(\n"
             "                    method, url, headers, body, deadline, max_body\n"
@@ -115,8 +116,8 @@ MUTANTS = [
     ),
     Mutant(
         name="mid-body-reset-not-sent",
-        path="gateway/exchange.py",
-        old='self.fail(_Broken(f"the body was cut off{after}{detail}", self.status))',
+        path="gateway/upstream/parser.py",
+        old='self.fail(Broken(f"the body was cut off{after}{detail}", self.status))',
         new=(
             "from gateway.errors import NotSent  # exchange.py raises neither class\n"
             '            self.future.set_exception(NotSent("the body was cut off"))'
@@ -126,23 +127,23 @@ MUTANTS = [
     ),
     Mutant(
         name="cut-off-body-complete",
-        path="gateway/exchange.py",
-        old='self.fail(_Broken(f"the body was cut off{after}{detail}", self.status))',
+        path="gateway/upstream/parser.py",
+        old='self.fail(Broken(f"the body was cut off{after}{detail}", self.status))',
         new="self._finish(keep_alive=False)",
         tests=(f"{FAULTS}::test_broken_answer_is_never_resent[close_mid_body-POST]",),
         breaks="a response whose body was cut off is stored and replayed as complete",
     ),
     Mutant(
         name="half-sent-response-complete",
-        path="gateway/exchange.py",
+        path="gateway/upstream/parser.py",
         old=(
-            "            self.fail(_Broken("
+            "            self.fail(Broken("
             'f"the upstream closed the connection{after}", self.status))\n'
         ),
         new=(
             "            if self.status is not None:\n"
             "                self.future.set_result(UpstreamResponse(self.status, (), b''))\n"
-            "            self.fail(_Broken("
+            "            self.fail(Broken("
             'f"the upstream closed the connection{after}", self.status))\n'
         ),
         tests=(f"{FAULTS}::test_broken_answer_is_never_resent[half_headers-POST]",),
@@ -151,7 +152,7 @@ MUTANTS = [
     TIMEOUT_NOT_SENT,
     Mutant(
         name="refused-unknown",
-        path="gateway/pool.py",
+        path="gateway/upstream/pool.py",
         old='raise NotSent(f"could not connect to {self.host}:{self.port}: {exc}") from exc',
         new=(
             "from gateway.errors import OutcomeLost  # pool.py raises NotSent alone\n"
@@ -163,7 +164,7 @@ MUTANTS = [
     ),
     Mutant(
         name="no-response-body-cap",
-        path="gateway/exchange.py",
+        path="gateway/upstream/parser.py",
         old="        if size > self.limit:\n",
         new="        if False:\n",
         tests=(f"{FAULTS}::test_endless_flood_and_oversized_bodies_stop_at_max_response_body",),
@@ -171,7 +172,7 @@ MUTANTS = [
     ),
     Mutant(
         name="header-line-breaks-sent",
-        path="gateway/upstream.py",
+        path="gateway/upstream/client.py",
         old='    if text.count("\\n") != breaks or text.count("\\r") != breaks:\n',
         new="    if False:\n",
         tests=(f"{CLIENT}::test_unsendable_request_is_not_sent",),
@@ -179,7 +180,7 @@ MUTANTS = [
     ),
     Mutant(
         name="head-answer-waits-for-body",
-        path="gateway/exchange.py",
+        path="gateway/upstream/parser.py",
         old="        if self.head:\n",
         new="        if False:\n",
         tests=(f"{CLIENT}::test_head_answer_has_no_body",),
@@ -187,15 +188,15 @@ MUTANTS = [
     ),
     Mutant(
         name="lost-answer-released",
-        path="gateway/engine.py",
-        old="                await settle.lost(exc.reason)\n",
-        new="                await settle.retry(exc.reason)\n",
+        path="gateway/engine/core.py",
+        old="                await guarded(settle.lost(exc.reason), settle)\n",
+        new="                await guarded(settle.retry(exc.reason), settle)\n",
         tests=(f"{FAULTS}::test_broken_answer_is_never_resent[reset-POST]",),
         breaks="a key whose answer was lost is freed, so the repeat resends it blind",
     ),
     Mutant(
         name="5xx-cached",
-        path="gateway/engine.py",
+        path="gateway/engine/core.py",
         old="        if response.status not in route.cache_statuses:\n",
         new="        if response.status >= 600:\n",
         tests=(f"{FAULTS}::test_5xx_storm_releases_and_retries_one_at_a_time",),
@@ -203,11 +204,12 @@ MUTANTS = [
     ),
     Mutant(
         name="lease-deadline-from-local-clock",
-        path="gateway/store/redis.py",
-        old="args = (run_id, fingerprint, _ms(lease), ref.route, ref.key, expired)",
+        path="gateway/store/redis/store.py",
+        old="args = (run_id, fingerprint, duration_ms(lease), ref.route, ref.key, expired)",
         # The lease ends at the gateway's time.time() + lease, re-based on Redis's clock.
         new=(
-            "args = (run_id, fingerprint, _ms(lease) + int(__import__('time').time() * 1000)"
+            "args = (run_id, fingerprint, duration_ms(lease)"
+            " + int(__import__('time').time() * 1000)"
             " - int(__import__('time').clock_gettime(0) * 1000), ref.route, ref.key, expired)"
         ),
         tests=(
@@ -232,7 +234,7 @@ MUTANTS = [
     ),
     Mutant(
         name="oversized-response-stored",
-        path="gateway/replay.py",
+        path="gateway/engine/replay.py",
         old="if response.rest is not None or len(response.body) > route.max_stored_body:",
         new="if False:",
         tests=(f"{FAULTS}::test_response_larger_than_max_stored_body",),

@@ -4,7 +4,8 @@ A client waits for the server once per Sync (extended protocol: Parse/Bind/Execu
 then Sync) and once per simple Query message (which may hold several statements):
 those are the round trips, whatever the driver does inside them. The relay reads the
 client's side of the wire (the untyped start-up messages first: SSLRequest, then the
-StartupMessage) and counts them per connection; the server's side passes untouched.
+StartupMessage) and counts them per connection; the server's side passes untouched,
+its bytes counted.
 Loopback only, in the test's own event loop.
 """
 
@@ -28,6 +29,8 @@ class WireCount:
     messages: Counter[str] = field(default_factory=Counter)
     #: the text of each simple Query message (asyncpg's reset query, for example)
     queries: list[str] = field(default_factory=list)
+    #: how many bytes the server sent back (what the clients' statements read)
+    server_bytes: int = 0
 
     @property
     def round_trips(self) -> int:
@@ -72,7 +75,7 @@ class PgRelay:
         except OSError:
             writer.close()
             return
-        back = asyncio.create_task(self._pipe(up_reader, writer))
+        back = asyncio.create_task(self._back(up_reader, writer))
         self._tasks |= {task, back}
         self._writers |= {writer, up_writer}
         try:
@@ -106,9 +109,9 @@ class PgRelay:
                 up.write(head + rest)
             await up.drain()
 
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _back(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError):
             while data := await reader.read(65536):
+                self.count.server_bytes += len(data)
                 writer.write(data)
                 await writer.drain()

@@ -8,7 +8,7 @@ import time
 from typing import Protocol
 
 from gateway.config import StoreConfig
-from gateway.keys import record_digest
+from gateway.keying import record_digest
 from gateway.records import KeyRef, Record, State
 from gateway.store import open_store
 

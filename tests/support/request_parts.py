@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.keys import RequestParts
+from gateway.keying import RequestParts
 
 
 def req(

@@ -197,6 +197,16 @@ def upstream_server() -> Process:
     )
 
 
+def job_service_server() -> Process:
+    """tests/support/job_service.py: a job and its status endpoint, recording what came."""
+    port = free_port()
+    return Process(
+        [sys.executable, str(ROOT / "tests" / "support" / "job_service.py"), str(port)],
+        port,
+        "job-service",
+    )
+
+
 def gateway_process(config_path: Path, port: int, env: dict[str, str] | None = None) -> Process:
     return Process(
         [sys.executable, "-m", "gateway", "run", "--config", str(config_path)],

@@ -1,8 +1,8 @@
-"""README's single-sign-on setup, for real: nginx running README's `location /` block
-verbatim (its `auth_request` asks tests/support/sso_app.py, a stand-in for
-oauth2-proxy, who the browser's `sso_user` cookie names), in front of a gateway's admin
-listener that trusts nginx's address. The block is read from README.md, so the README
-cannot drift from what works.
+"""The documented single-sign-on setup, for real: nginx running the `location /` block
+of docs/operator-api.md verbatim (its `auth_request` asks tests/support/sso_app.py, a
+stand-in for oauth2-proxy, who the browser's `sso_user` cookie names), in front of a
+gateway's admin listener that trusts nginx's address. The block is read from that page,
+so the docs cannot drift from what works.
 """
 
 from __future__ import annotations
@@ -25,10 +25,13 @@ def nginx_binary() -> str:
     return path
 
 
-def readme_location() -> str:
-    """README's nginx block (the `location /` in front of the admin listener)."""
-    found = re.search(r"```nginx\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert found, "README.md has no nginx block"
+SSO_PAGE = ROOT / "docs" / "operator-api.md"
+
+
+def documented_location() -> str:
+    """The docs' nginx block (the `location /` in front of the admin listener)."""
+    found = re.search(r"```nginx\n(.*?)```", SSO_PAGE.read_text(), re.S)
+    assert found, f"{SSO_PAGE.relative_to(ROOT)} has no nginx block"
     return found.group(1)
 
 
@@ -58,7 +61,7 @@ def sso_front(tmp: Path, admin_url: str) -> Iterator[SsoFront]:
     )
     home = tmp / f"nginx-{port}"
     home.mkdir()
-    location = readme_location().replace("http://127.0.0.1:9090", admin_url)
+    location = documented_location().replace("http://127.0.0.1:9090", admin_url)
     conf = f"""
 daemon off;
 worker_processes 1;

@@ -35,6 +35,31 @@ def wait_until(check: object, what: str, timeout: float = 20) -> None:
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+def replica_synced(port: int) -> bool:
+    return "master_link_status:up" in redis_cli(port, "info", "replication")
+
+
+class ReplicatedSetup:
+    """One master and one replica of it, no Sentinel: what `store.url` with
+    `wait_for_replicas` points at."""
+
+    def __init__(self) -> None:
+        self.master = RedisServer()
+        self.replica = RedisServer("--replicaof", "127.0.0.1", "0")  # port set in start()
+
+    def start(self) -> ReplicatedSetup:
+        self.master.start()
+        index = self.replica.args.index("--replicaof")
+        self.replica.args[index + 2] = str(self.master.port)
+        self.replica.start()
+        wait_until(lambda: replica_synced(self.replica.port), "the replica to sync")
+        return self
+
+    def stop(self) -> None:
+        for process in (self.replica, self.master):
+            process.stop()
+
+
 class SentinelSetup:
     """One master, one replica, three sentinels watching them as `mymaster`."""
 
@@ -51,10 +76,7 @@ class SentinelSetup:
         index = self.replica.args.index("--replicaof")
         self.replica.args[index + 2] = str(self.master.port)
         self.replica.start()
-        wait_until(
-            lambda: "master_link_status:up" in redis_cli(self.replica.port, "info", "replication"),
-            "the replica to sync",
-        )
+        wait_until(lambda: replica_synced(self.replica.port), "the replica to sync")
         for _ in range(3):
             port = free_port()
             conf = self.dir / f"sentinel-{port}.conf"
@@ -117,12 +139,14 @@ class SentinelSetup:
 
 
 class ClusterSetup:
-    """Three masters, no replicas, all 16384 slots assigned."""
+    """Three masters, all 16384 slots assigned, and `replicas` replicas of each (none
+    unless asked)."""
 
-    def __init__(self, masters: int = 3) -> None:
+    def __init__(self, masters: int = 3, replicas: int = 0) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="cluster-"))
+        self.replicas = replicas
         self.nodes: list[RedisServer] = []
-        for _ in range(masters):
+        for _ in range(masters * (1 + replicas)):
             node = RedisServer(
                 "--cluster-enabled",
                 "yes",
@@ -140,7 +164,15 @@ class ClusterSetup:
         cli = shutil.which("redis-cli")
         assert cli is not None
         subprocess.run(
-            [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            [
+                cli,
+                "--cluster",
+                "create",
+                *addresses,
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
             capture_output=True,
             text=True,
             timeout=60,
@@ -152,7 +184,28 @@ class ClusterSetup:
             ),
             "the cluster to be ok",
         )
+        if self.replicas:
+            wait_until(
+                lambda: (
+                    len(self.replica_nodes()) == len(self.nodes) - len(self.masters())
+                    and all(replica_synced(n.port) for n in self.replica_nodes())
+                ),
+                "the cluster's replicas to sync",
+                timeout=60,
+            )
         return self
+
+    def _role(self, node: RedisServer) -> str:
+        for line in redis_cli(node.port, "info", "replication").splitlines():
+            if line.startswith("role:"):
+                return line.partition(":")[2].strip()
+        return ""
+
+    def masters(self) -> list[RedisServer]:
+        return [n for n in self.nodes if self._role(n) == "master"]
+
+    def replica_nodes(self) -> list[RedisServer]:
+        return [n for n in self.nodes if self._role(n) == "slave"]
 
     @property
     def addresses(self) -> list[str]:

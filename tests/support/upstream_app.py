@@ -4,7 +4,8 @@ It counts how often each idempotency key reached it (the `Idempotency-Key` heade
 the gateway forwards, else the body's `job_key`), and behaves as the request asks:
 
     ?sleep=3.5        take that long (the counter moves first: the work "happened")
-    ?status=503       answer with that status
+    ?status=503       answer with that status (204 and 304: with no body)
+    ?location=/x      with that Location (a redirect: ?status=303&location=/done/1)
     ?size=2000000     answer with a body of that many bytes
     ?cookie=1         set a cookie
     ?gzip=1           answer with a gzip-encoded body
@@ -80,6 +81,11 @@ async def job(request: Request) -> Response:
         extra = {"retry-after": q["retry_after"]} if "retry_after" in q else {}
         return JSONResponse({"key": key, "run": run, "failed": True}, status, headers=extra)
     answers.setdefault(key, Counter())[status] += 1
+    if status in (204, 304):  # no body: its framing says so (RFC 9110 6.4.1)
+        headers = {"x-run": str(run)}
+        if "location" in q:
+            headers["location"] = q["location"]
+        return Response(status_code=status, headers=headers)
     if "gzip" in q:
         data = gzip.compress(json.dumps({"key": key, "run": run}).encode())
         return Response(data, headers={"content-encoding": "gzip", "x-run": str(run)})
@@ -103,7 +109,12 @@ async def job(request: Request) -> Response:
     response = JSONResponse(payload, status_code=status)
     if "cookie" in q:
         response.set_cookie("session", f"secret-{run}")
+    for line in q.getlist("answer_header"):  # Name:value, a header of the answer
+        name, _, value = line.partition(":")
+        response.headers.append(name, value)
     response.headers["x-run"] = str(run)
+    if "location" in q:
+        response.headers["location"] = q["location"]
 
     def was_sent() -> None:  # runs once the whole response is written
         sent[key] += 1

@@ -1,0 +1,1 @@
+"""Asynchronous delivery: the worker, one attempt, the retry schedule."""

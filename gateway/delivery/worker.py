@@ -1,0 +1,341 @@
+"""The delivery worker: who picks which accepted (202) request when, and how many at
+once. Each attempt is `attempt` (gateway/delivery/attempt.py: pick, then the engine's
+classifier forwards and settles); this is mechanics.
+
+- One `Lane` per async route: a heap of hints (`Due`) ordered by when each is ready
+  in this process's loop clock, woken by the store's `DueFeed` notices and by its own
+  timer for the head's due time. No polling loop: the rescan (`due_candidates`) runs
+  at start, when the store says notices may have been lost (`due.lost()`), and as a
+  slow backstop every `BACKSTOP` seconds.
+- Limits: `delivery.concurrency` attempts per route, and `server.max_deliveries` in
+  all, per process; always taken in that order. `max_deliveries: 0`: no lanes, the
+  process accepts only.
+- The replica that accepted or scheduled a delivery tries it at once; the others wait
+  `HANDOFF` first, and drop the hint when told it was taken.
+- `stop_picking()` (SIGTERM): no new picks; attempts under way are the engine's tasks,
+  which `Engine.drain` gives the grace and then marks unresolved.
+- `delivery.max_queued` is not decided here: `Store.accept` decides it against the
+  store's own count, in the same step as the queueing. The queue watch reads
+  `queue_stats` (to find work a route that is no longer async still has), and every
+  `REPAIR` seconds asks the store to repair its counts (`Store.repair_counts`: on a
+  Redis Cluster, the routes' admission marks a crash between two writes left apart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import heapq
+import itertools
+import logging
+import random
+import secrets
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from gateway.config import Config, Route
+from gateway.delivery.attempt import attempt
+from gateway.errors import StoreError
+from gateway.store.notices import Due
+from gateway.tasks import stop_if_cancelled
+
+if TYPE_CHECKING:
+    from gateway.engine.core import Engine
+    from gateway.store.base import Store
+
+log = logging.getLogger("gateway.delivery")
+
+HANDOFF = 0.2  # s: other replicas wait this long for the one that queued an item
+QUEUE_WATCH = 1.0  # s: how soon a route made sync has its leftover work found
+BACKSTOP = 20.0  # s: the rescan when no notice was lost, in case one was anyway
+REPAIR = 60.0  # s: between repairs of the store's counts (and a Cluster's admission marks)
+STORE_BACKOFF = (0.1, 2.0)  # s: after a StoreError, doubling
+
+
+def _free(*slots: asyncio.Semaphore | asyncio.Task[None]) -> None:
+    for slot in slots:
+        if isinstance(slot, asyncio.Semaphore):
+            slot.release()
+
+
+class Lane:
+    """One async route's hints, in this process."""
+
+    def __init__(self, route: Route) -> None:
+        self.route = route
+        self.heap: list[tuple[float, int, Due]] = []
+        self.live: dict[str, int] = {}  # digest -> seq of its entry (others are stale)
+        self.wake = asyncio.Event()
+        self.slots = asyncio.Semaphore(route.delivery.concurrency)
+        self.task: asyncio.Task[None] | None = None
+
+    def push(self, ready_at: float, seq: int, due: Due) -> None:
+        heapq.heappush(self.heap, (ready_at, seq, due))
+        self.live[due.ref.digest] = seq
+        self.wake.set()
+
+    def drop(self, digest: str) -> None:
+        self.live.pop(digest, None)
+
+    def head(self) -> tuple[float, Due] | None:
+        while self.heap:
+            ready_at, seq, due = self.heap[0]
+            if self.live.get(due.ref.digest) == seq:
+                return ready_at, due
+            heapq.heappop(self.heap)
+        return None
+
+    def pop(self) -> Due:
+        _, _, due = heapq.heappop(self.heap)
+        self.live.pop(due.ref.digest, None)
+        return due
+
+
+class DeliveryWorker:
+    """Delivers the async routes' accepted requests, in every process that runs one."""
+
+    def __init__(self, config: Config, store: Store, engine: Engine, replica: str) -> None:
+        self.store, self.engine, self.replica = store, engine, replica
+        self.picking = True
+        self.lanes: dict[str, Lane] = {}
+        self._seq = itertools.count()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._rescan = asyncio.Event()
+        self._pending: set[str] = set()  # routes with queued work, as of the last watch
+        self._unlisten: Callable[[], None] | None = None
+        self._notices = False  # whether the registration wants due and taken
+        self._running = False
+        self.configure(config)
+
+    # -- configuration -----------------------------------------------------------
+
+    def configure(self, config: Config) -> None:
+        """Lanes for the async routes of `config` (added, kept, removed), and limits."""
+        self.config = config
+        limit = config.server.max_deliveries
+        if getattr(self, "_limit", None) != limit:
+            self._limit = limit
+            self.slots = asyncio.Semaphore(max(limit, 1))
+        # A route a reload made sync keeps a lane while it has work it accepted as
+        # async: that work was answered 202 and is delivered, not left queued.
+        wanted = {
+            r.name: r
+            for r in config.routes
+            if r.delivery.mode == "async" or r.name in self._pending
+        }
+        if limit == 0:
+            wanted = {}
+        for name in list(self.lanes):
+            if name not in wanted:
+                lane = self.lanes.pop(name)
+                if lane.task is not None:
+                    lane.task.cancel()
+        for name, route in wanted.items():
+            found = self.lanes.get(name)
+            if found is None:
+                self.lanes[name] = found = Lane(route)
+                if self._running:
+                    self._start_lane(found)
+                    self._rescan.set()
+            elif found.route.delivery.concurrency != route.delivery.concurrency:
+                found.slots = asyncio.Semaphore(route.delivery.concurrency)
+            found.route = route
+        self._listen()
+
+    def _listen(self) -> None:
+        """Hear the store's due and taken notices only with a lane to give them to: a
+        process that delivers nothing (no async route, or max_deliveries 0) then never
+        reads one (the Redis store does not even subscribe), though it still rescans
+        on `lost` (removed routes' work). Registered from the constructor, before the
+        store starts, so its first subscription is already the right one; registered
+        again when lanes come or go (a reload, a sync route's leftovers)."""
+        notices = bool(self.lanes)
+        if self._unlisten is not None and self._notices == notices:
+            return
+        old, self._notices = self._unlisten, notices
+        self._unlisten = self.store.due.listen(
+            self._on_due, self._on_taken, self._rescan.set, notices=notices
+        )
+        if old is not None:
+            old()
+
+    # -- running -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The lanes and the queue watch, until cancelled (Gateway.close)."""
+        self._running = True
+        self._listen()
+        try:
+            for lane in self.lanes.values():
+                self._start_lane(lane)
+            self._rescan.set()  # at start: what was queued before this process
+            await asyncio.gather(self._watch(), self._rescans())
+        finally:
+            self._running = False
+            if self._unlisten is not None:
+                self._unlisten()
+                self._unlisten = None
+            tasks = [lane.task for lane in self.lanes.values() if lane.task is not None]
+            for task in [*tasks, *self._tasks]:  # attempts' forwards are drained already
+                task.cancel()
+            await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
+
+    def stop_picking(self) -> None:
+        """SIGTERM: no new pick from now on; queued items stay for the other replicas."""
+        self.picking = False
+        for lane in self.lanes.values():
+            lane.wake.set()
+
+    def _start_lane(self, lane: Lane) -> None:
+        lane.task = asyncio.create_task(self._lane(lane), name=f"delivery-{lane.route.name}")
+
+    def _hint(self, lane: Lane, due: Due) -> None:
+        wait = max(0, due.due_ms - due.now_ms) / 1000 if due.now_ms else 0.0
+        if due.origin and due.origin != self.replica:
+            wait += HANDOFF
+        lane.push(asyncio.get_running_loop().time() + wait, next(self._seq), due)
+
+    def _on_due(self, due: Due) -> None:
+        lane = self.lanes.get(due.ref.route)
+        if lane is not None:
+            self._hint(lane, due)
+
+    def _on_taken(self, digest: str) -> None:
+        for lane in self.lanes.values():
+            lane.drop(digest)
+
+    async def _lane(self, lane: Lane) -> None:
+        loop = asyncio.get_running_loop()
+        while self.picking:
+            route_slots, process_slots = lane.slots, self.slots
+            await route_slots.acquire()
+            try:
+                await process_slots.acquire()
+            except BaseException:
+                route_slots.release()
+                raise
+            try:
+                due = await self._ready(lane, loop)
+            except BaseException:
+                process_slots.release()
+                route_slots.release()
+                raise
+            if due is None:  # stopped picking
+                process_slots.release()
+                route_slots.release()
+                return
+            task = asyncio.create_task(self._attempt(lane, due))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(functools.partial(_free, process_slots, route_slots))
+
+    async def _ready(self, lane: Lane, loop: asyncio.AbstractEventLoop) -> Due | None:
+        """The next hint whose time has come, waiting on the notices and its timer."""
+        while self.picking:
+            lane.wake.clear()
+            head = lane.head()
+            now = loop.time()
+            if head is not None and head[0] <= now:
+                return lane.pop()
+            timeout = head[0] - now if head is not None else None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await lane.wake.wait()
+        return None
+
+    async def _attempt(self, lane: Lane, due: Due) -> None:
+        route = lane.route
+        failures = 0
+        # One run id for the attempt, kept when its pick is tried again after a store
+        # error: a first try that took the delivery (its answer lost) is then found as
+        # this attempt's, not left in flight until its lease makes it an unknown outcome.
+        run_id = secrets.token_hex(8)
+        while True:
+            try:
+                result = await attempt(self.engine, route, due.ref, self.replica, run_id)
+                self.engine.metrics.attempt(route.name, result.result)
+                break
+            except StoreError as exc:
+                failures += 1
+                pause = min(STORE_BACKOFF[1], STORE_BACKOFF[0] * 2 ** (failures - 1))
+                log.warning("delivery pick on %s failed (%s); again in %gs", route.name, exc, pause)
+                await asyncio.sleep(pause)
+                if not self.picking:
+                    return
+            except Exception:
+                log.exception("delivery on route %s failed", route.name)
+                return
+        if result.next is not None:
+            self._hint(lane, result.next)
+        if result.why in ("not_due", "unconfirmed"):  # due later: try it then
+            self._hint(lane, Due(due.ref, result.due_ms, result.now_ms))
+
+    async def _watch(self) -> None:
+        """The routes with waiting work, every QUEUE_WATCH (jittered so replicas spread
+        out). With no async route it still looks, every BACKSTOP: work accepted while a
+        route was async (before a reload or a restart made it sync) is delivered all the
+        same. About every REPAIR seconds (and at start), the store's counts are repaired."""
+        repair_at = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            asyncs = [r.name for r in self.config.routes if r.delivery.mode == "async"]
+            busy = bool(self.lanes) or bool(asyncs)
+            try:
+                if loop.time() >= repair_at:
+                    repair_at = loop.time() + REPAIR * random.uniform(0.8, 1.2)
+                    await self.store.repair_counts(sorted({*asyncs, *self._pending}))
+                stats = await self.store.queue_stats()
+            except StoreError as exc:
+                log.debug("queue watch: %s", exc)  # accept fails on its own, and says so
+            except Exception:
+                # One that nobody foresaw ends neither this loop nor, through run()'s
+                # gather, the lanes: the worker keeps delivering, as the sweep does.
+                log.exception("delivery queue watch failed")
+                stop_if_cancelled()
+            else:
+                pending, self._pending = self._pending, {s.route for s in stats}
+                if self._pending - pending:
+                    self.configure(self.config)  # lanes for sync routes' leftovers
+                    self._rescan.set()
+            await asyncio.sleep((QUEUE_WATCH if busy else BACKSTOP) * random.uniform(0.8, 1.2))
+
+    async def _rescans(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(BACKSTOP * random.uniform(0.8, 1.2)):
+                    await self._rescan.wait()
+            self._rescan.clear()
+            for lane in list(self.lanes.values()):
+                limit = 2 * lane.route.delivery.concurrency
+                try:
+                    found, _ = await self.store.due_candidates(lane.route.name, limit)
+                except Exception as exc:
+                    if isinstance(exc, StoreError):
+                        log.warning("delivery rescan of %s failed: %s", lane.route.name, exc)
+                    else:
+                        log.exception("delivery rescan of %s failed", lane.route.name)
+                    stop_if_cancelled()
+                    self._rescan.set()
+                    await asyncio.sleep(STORE_BACKOFF[1])
+                    break
+                for due in found:
+                    if due.ref.digest not in lane.live:
+                        self._hint(lane, due)
+            await self._park_orphans()
+
+    async def _park_orphans(self) -> None:
+        """Deliveries of a route no longer configured: nobody can deliver them, so a
+        person decides (as the sweep does with such a route's unresolved keys)."""
+        configured = {route.name for route in self.config.routes}
+        for name in sorted(self._pending - configured):
+            reason = f"route {name!r} is no longer configured"
+            try:
+                found, _ = await self.store.due_candidates(name, 100)
+                for due in found:
+                    await self.store.pick(name, due.ref, "orphan", 1.0, 0, self.replica, reason)
+            except StoreError as exc:
+                log.warning("parking deliveries of removed route %s failed: %s", name, exc)
+            except Exception:
+                log.exception("parking deliveries of removed route %s failed", name)
+                stop_if_cancelled()

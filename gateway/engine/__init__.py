@@ -1,0 +1,1 @@
+"""The engine: claim, forward, classify, settle; what a caller gets back."""

@@ -1,0 +1,277 @@
+"""The SQLite store's connection: one per process, in a thread of its own, with group
+commit.
+
+SQLite's API blocks, so no call runs on the event loop: every operation is a function
+of the connection, queued to the store's thread and answered through a future. The
+thread takes every operation waiting when it is free and runs them in one
+transaction (`BEGIN IMMEDIATE`, the file's write lock, taken once), each inside a
+savepoint of its own, and commits once: one fsync carries the claims and completions
+of many callers. An operation that fails (a full disk, a constraint) is rolled back to
+its savepoint alone and fails alone; a commit that fails fails the whole batch, and
+nothing of it is answered as done. A result reaches its caller only after the commit
+returned, so nothing is forwarded on a claim that is not on disk; a batch's answers
+reach the event loop in one wake-up, not one per caller.
+
+docs/decisions/sqlite.md says why a thread of the store's own and not aiosqlite
+(tests/benchmarks/sqlite_driver.py measures both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gateway.errors import StoreError
+
+log = logging.getLogger("gateway.store")
+
+T = TypeVar("T")
+Operation = Callable[[sqlite3.Connection], Any]
+
+#: The most operations one transaction carries: a bound on how long the write lock is
+#: held and how much one failed commit takes with it.
+MAX_BATCH = 256
+
+#: The SQLite result codes that say the file cannot take a write: the disk (or
+#: max_page_count) is full, the file or its directory is read-only, or I/O failed.
+_WRITE_REFUSED = {
+    sqlite3.SQLITE_FULL: "the disk is full (or the file reached its size limit)",
+    sqlite3.SQLITE_READONLY: "the file is read-only",
+    sqlite3.SQLITE_IOERR: "an I/O error",
+    sqlite3.SQLITE_CANTOPEN: "the file cannot be opened",
+    sqlite3.SQLITE_BUSY: "another process holds the file's lock",
+    sqlite3.SQLITE_LOCKED: "the file is locked",
+    sqlite3.SQLITE_CORRUPT: "the file is damaged",
+    sqlite3.SQLITE_NOTADB: "the file is not a database",
+}
+
+
+def describe(exc: sqlite3.Error) -> str:
+    """What went wrong, in the gateway's words: SQLite's own text can quote a
+    statement, so only its result code is named."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    if primary in _WRITE_REFUSED:
+        return _WRITE_REFUSED[primary]
+    name = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
+    return f"SQLite error {name}"
+
+
+class _Stop:
+    pass
+
+
+_STOP = _Stop()
+
+
+class _Call:
+    """An operation queued by a caller on `loop`, answered through `future` (an
+    asyncio future: only the loop's thread touches its state)."""
+
+    __slots__ = ("future", "loop", "operation")
+
+    def __init__(
+        self, operation: Operation, future: asyncio.Future[Any], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.operation = operation
+        self.future = future
+        self.loop = loop
+
+
+def _settle(answers: list[tuple[_Call, Any, BaseException | None]]) -> None:
+    """On the loop: give each caller its answer (one still waiting: a cancelled caller
+    is gone)."""
+    for call, result, error in answers:
+        if call.future.done():
+            continue
+        if error is not None:
+            call.future.set_exception(error)
+        else:
+            call.future.set_result(result)
+
+
+class Database:
+    """The store's connection to `path` in its thread. `setup(conn)` runs first, on
+    the thread (the pragmas, the schema's check and migrations)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        timeout: float,
+        setup: Callable[[sqlite3.Connection], None],
+        max_batch: int = MAX_BATCH,
+    ) -> None:
+        self.path = path
+        self.timeout = timeout
+        self.max_batch = max_batch
+        self._setup = setup
+        self._queue: queue.SimpleQueue[_Call | _Stop] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._opened: Future[None] = Future()
+        #: the answers of the batch under way, handed to the loop in one wake-up
+        self._answers: list[tuple[_Call, Any, BaseException | None]] = []
+        #: transactions committed and operations they carried (the group commit's figure)
+        self.commits = 0
+        self.operations = 0
+
+    async def open(self) -> None:
+        """Start the thread and open the file; raises what `setup` raised (a
+        SchemaError), or StoreError if the file cannot be opened."""
+        self._thread = threading.Thread(target=self._main, name="sqlite-store", daemon=True)
+        self._thread.start()
+        await asyncio.wrap_future(self._opened)
+
+    async def close(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            return
+        self._queue.put(_STOP)
+        await asyncio.to_thread(self._thread.join)
+
+    async def run(self, operation: Callable[[sqlite3.Connection], T], what: str) -> T:
+        """`operation(conn)`'s result once its transaction is committed; StoreError if
+        the file refused it or the commit failed (nothing of it was kept)."""
+        if self._thread is None or not self._thread.is_alive():
+            raise StoreError(f"the SQLite store at {self.path} is not open ({what})")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue.put(_Call(operation, future, loop))
+        try:
+            return await future
+        except (sqlite3.Error, OverflowError) as exc:
+            # OverflowError: a number past SQLite's 64 bits (a duration config refuses),
+            # refused by the driver before anything was written.
+            reason = describe(exc) if isinstance(exc, sqlite3.Error) else "a value out of range"
+            raise StoreError(f"the SQLite store at {self.path}: {what} failed: {reason}") from exc
+
+    # -- the thread ----------------------------------------------------------------
+
+    def _main(self) -> None:
+        if not self._opened.set_running_or_notify_cancel():
+            return  # the start was cancelled before the thread ran
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=self.timeout, isolation_level=None, check_same_thread=True
+            )
+        except sqlite3.Error as exc:
+            self._opened.set_exception(
+                StoreError(f"the SQLite store cannot open {self.path}: {describe(exc)}")
+            )
+            return
+        try:
+            self._setup(conn)
+        except BaseException as exc:
+            conn.close()
+            self._opened.set_exception(exc)
+            return
+        self._opened.set_result(None)
+        try:
+            self._serve(conn)
+        finally:
+            conn.close()
+
+    def _serve(self, conn: sqlite3.Connection) -> None:
+        while True:
+            item = self._queue.get()
+            if isinstance(item, _Stop):
+                return
+            batch = [item]
+            stop = False
+            while len(batch) < self.max_batch:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(more, _Stop):
+                    stop = True
+                    break
+                batch.append(more)
+            try:
+                self._commit(conn, batch)
+            except BaseException as exc:
+                # Not an operation's failure (those are its caller's): the connection's.
+                # Every caller not yet answered is told, and the thread serves on.
+                log.exception("the SQLite store's thread failed a batch")
+                answered = {id(call) for call, _, _ in self._answers}
+                failed = StoreError(f"{self.path}: the store failed")
+                self._answers += [(c, None, failed) for c in batch if id(c) not in answered]
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                if not isinstance(exc, Exception):
+                    self._flush()
+                    raise
+            self._flush()
+            if stop:
+                return
+
+    def _flush(self) -> None:
+        """Hand the batch's answers to their loops: one wake-up per loop, not per caller."""
+        answers, self._answers = self._answers, []
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Call, Any, BaseException | None]]]
+        by_loop = {}
+        for answer in answers:
+            by_loop.setdefault(answer[0].loop, []).append(answer)
+        for loop, items in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a loop that closed: nobody waits
+                loop.call_soon_threadsafe(_settle, items)
+
+    def _commit(self, conn: sqlite3.Connection, batch: list[_Call]) -> None:
+        pending = batch
+        while pending:
+            pending = self._transaction(conn, pending)
+
+    def _transaction(self, conn: sqlite3.Connection, batch: list[_Call]) -> list[_Call]:
+        """Run `batch` in one transaction and answer its callers; what is left to run
+        in a transaction of its own (after SQLite undid this one whole)."""
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            self._answers += [(call, None, exc) for call in batch]
+            return []
+        done: list[tuple[_Call, Any, BaseException | None]] = []
+        for i, call in enumerate(batch):
+            if call.future.cancelled():
+                continue  # its caller is gone: it never runs
+            try:
+                conn.execute("SAVEPOINT op")
+                result = call.operation(conn)
+                conn.execute("RELEASE op")
+                done.append((call, result, None))
+            except Exception as exc:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK TO op")
+                        conn.execute("RELEASE op")
+                    except sqlite3.Error:
+                        pass  # the commit below fails, and says so to every caller
+                if not conn.in_transaction:
+                    # SQLite rolled the whole transaction back (a full disk, an I/O
+                    # error): what ran before in it is undone too, so it failed the same
+                    # way; the operations after it get a transaction of their own.
+                    self._answers += [(call, None, exc)]
+                    self._answers += [(earlier, None, exc) for earlier, _, _ in done]
+                    return batch[i + 1 :]
+                done.append((call, None, exc))
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            self._answers += [(call, None, exc) for call, _, _ in done]
+            return []
+        self.commits += 1
+        self.operations += len(done)
+        self._answers += done
+        return []
