@@ -115,6 +115,8 @@ class Site:
 
     async def record(self, key: str) -> Record | None:
         store = open_store(self.store_config)
+        if self.store_config.kind == "sqlite":  # the file is opened by start()
+            await store.start()
         try:
             return await store.get(KeyRef(record_digest(ROUTE, "", key), ROUTE, key))
         finally:
@@ -157,8 +159,19 @@ async def until_runs(upstream: Process, key: str, runs: int, timeout: float = 15
         await asyncio.sleep(0.05)
 
 
+@dataclass(frozen=True)
+class SqliteFile:
+    """A SQLite store's file, shared by every gateway process of a test on this host."""
+
+    url: str
+
+
 def _store_server(kind: str, request: pytest.FixtureRequest) -> StoreServer:
-    """The session's redis-server, or its PostgreSQL with the gateway's schema."""
+    """The session's redis-server, its PostgreSQL with the gateway's schema, or a SQLite
+    file of the test's own."""
+    if kind == "sqlite":
+        folder: Path = request.getfixturevalue("tmp_path")
+        return SqliteFile(f"sqlite://{folder / 'gateway.db'}")
     server: StoreServer = request.getfixturevalue(
         "postgres_database" if kind == "postgres" else "redis_server"
     )
@@ -232,15 +245,22 @@ async def _finished(upstream: Process, key: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("store_kind", ["redis", "sqlite"])
 @pytest.mark.parametrize("check", ["done", "not_done", "inconclusive"])
 async def test_sigkill_mid_attempt(
-    tmp_path: Path, upstream: Process, redis_server: RedisServer, check: str, ledger: Ledger
+    tmp_path: Path,
+    upstream: Process,
+    store_kind: str,
+    check: str,
+    ledger: Ledger,
+    request: pytest.FixtureRequest,
 ) -> None:
     """The delivering gateway dies while the upstream runs the job (1.5 s, first run
     only); a new gateway's sweep finds the dead lease, and the unknown outcome follows
     the route's reconcile policy: `done` completes it without a second attempt,
-    `not_done` delivers it once more, an inconclusive check parks it after park_after."""
-    site = Site(tmp_path, upstream, redis_server)
+    `not_done` delivers it once more, an inconclusive check parks it after park_after.
+    On SQLite the new gateway opens the file the killed one wrote, as a restart does."""
+    site = Site(tmp_path, upstream, _store_server(store_kind, request))
     key = unique(f"kill-{check}")
     if check == "not_done":
         await site.set_status(key, 404)
@@ -263,7 +283,7 @@ async def test_sigkill_mid_attempt(
     allowed = 2 if check == "not_done" else 1  # the check said it never ran
     ledger.record(
         AREA,
-        f"sigkill_mid_attempt[{check}]",
+        f"sigkill_mid_attempt[{store_kind}-{check}]",
         requests=2,
         faults=1,
         upstream_duplicates=max(0, runs_after - allowed),
@@ -290,7 +310,7 @@ async def test_sigkill_mid_attempt(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "store_kind", ["redis", pytest.param("postgres", marks=pytest.mark.postgres)]
+    "store_kind", ["redis", pytest.param("postgres", marks=pytest.mark.postgres), "sqlite"]
 )
 async def test_sigkill_before_pickup_other_replica_delivers(
     tmp_path: Path,
