@@ -1,5 +1,5 @@
-"""Attacks on the operator console and the operator API from outside (issue 15's
-security review), each one a hole that was open until the fix it names.
+"""Attacks on the operator console and the operator API from outside, each one a hole
+the code it names keeps shut.
 
 In process: the admin app (console included) through httpx.ASGITransport, whose peer
 address is set per client: a single-sign-on proxy of `admin.trusted_proxies` at

@@ -1,4 +1,4 @@
-"""delivery: async (issue 14): 202 at once, then the gateway delivers, in-process.
+"""delivery: async: 202 at once, then the gateway delivers, in-process.
 
 Real stores (memory and a redis-server of the tests' own), the real test upstream
 under uvicorn, gateways in this process driven through ASGI; the worker is the
@@ -200,9 +200,10 @@ def test_retry_after_is_read_as_rfc_9110_writes_it_and_nothing_else() -> None:
 async def test_article_case_accepted_then_delivered_once(
     gateway_for: Build, upstream: Process
 ) -> None:
-    """The article's case, scaled down: a 3.5 s handler, a caller that gives up after
-    1 s. The caller has its 202 long before the handler finishes; the handler runs once;
-    repeats get the same 202 and never reach it."""
+    """The case of "Make scheduled job handlers idempotent: safe to run twice", scaled
+    down: a 3.5 s handler, a caller that gives up after 1 s. The caller has its 202 long
+    before the handler finishes; the handler runs once; repeats get the same 202 and
+    never reach it."""
     gw = await gateway_for([async_route(upstream_timeout="10s")])
     key = unique("article")
     started = time.monotonic()

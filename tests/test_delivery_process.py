@@ -1,7 +1,7 @@
-"""delivery: async (issue 14) across real processes: gateways SIGKILLed mid-attempt and
+"""delivery: async across real processes: gateways SIGKILLed mid-attempt and
 before pickup, Redis restarted with AOF between acceptance and delivery, SIGTERM while
 a delivery is under way, and a duplicate storm over two gateway processes. The kill
-before pickup and the storm run on PostgreSQL too (issue 16), whose pick is `FOR
+before pickup and the storm run on PostgreSQL too, whose pick is `FOR
 UPDATE SKIP LOCKED`: two processes never deliver one item.
 
 Everything is a real process: redis-server (or PostgreSQL), the test upstream under
@@ -183,18 +183,19 @@ def lost(record: Record | None) -> bool:
     return record is None or record.state is State.RELEASED
 
 
-# -- the article's case, across processes ------------------------------------------------
+# -- the scheduler's case, across processes ----------------------------------------------
 
 
 @pytest.mark.slow
 async def test_article_case_a_caller_with_a_1s_timeout_and_a_3_5s_handler(
     tmp_path: Path, upstream: Process, redis_server: RedisServer, ledger: Ledger
 ) -> None:
-    """The article's case, scaled down, with a real gateway process: a caller that gives
-    up after 1 s, a handler that takes 3.5 s. The caller has its 202 while the handler
-    has not finished (the upstream's own counters say so, not a clock); the handler
-    runs once; the caller's retries get the same 202 and never reach it; the status URL
-    shows `completed` with the handler's response."""
+    """The case of "Make scheduled job handlers idempotent: safe to run twice", scaled
+    down, with a real gateway process: a caller that gives up after 1 s, a handler that
+    takes 3.5 s. The caller has its 202 while the handler has not finished (the
+    upstream's own counters say so, not a clock); the handler runs once; the caller's
+    retries get the same 202 and never reach it; the status URL shows `completed` with
+    the handler's response."""
     site = Site(tmp_path, upstream, redis_server, upstream_timeout="10s")
     gateway = site.gateway()
     key = unique("article")
@@ -470,7 +471,8 @@ async def test_backlog_picked_by_two_replicas_at_once_runs_each_once(
     """24 deliveries queued while nobody delivers, then two delivering replicas started
     at the same moment: both rescan the same queue and pick its earliest items at once.
     Each item is taken by one of them (Redis: one script; PostgreSQL: FOR UPDATE SKIP
-    LOCKED, the article's Technique 3) and runs once."""
+    LOCKED, Technique 3 of "Make scheduled job handlers idempotent: safe to run
+    twice") and runs once."""
     site = Site(tmp_path, upstream, _store_server(store_kind, request))
     prefix = unique("backlog")
     keys = [f"{prefix}-{i}" for i in range(24)]

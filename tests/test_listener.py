@@ -259,7 +259,7 @@ def defaults(upstream: Process, tmp_path_factory: pytest.TempPathFactory) -> Ite
     _stop(gateway)
 
 
-# --- 1. trailers ------------------------------------------------------------------------
+# --- trailers ---------------------------------------------------------------------------
 
 
 def _trailers(key: str) -> bytes:
@@ -343,7 +343,7 @@ def test_trailer_section_is_bounded_like_a_head(quick: Gateway) -> None:
     assert quick.count(key) == 0
 
 
-# --- 3. slow callers --------------------------------------------------------------------
+# --- slow callers -----------------------------------------------------------------------
 
 
 def test_connection_that_never_sends_is_closed_quietly(quick: Gateway) -> None:
@@ -561,7 +561,7 @@ def test_connection_over_the_cap_gets_503_and_idle_ones_make_room(capped: Gatewa
     capped.output_is_clean()
 
 
-# --- 5. Expect: 100-continue -----------------------------------------------------------
+# --- Expect: 100-continue --------------------------------------------------------------
 
 
 def test_expect_100_continue_is_answered_by_the_gateway_not_forwarded(quick: Gateway) -> None:
@@ -634,7 +634,7 @@ def test_answer_before_the_body_ends_a_body_that_keeps_coming(quick: Gateway) ->
     assert quick.count(key) == 0
 
 
-# --- 6. pipelining ------------------------------------------------------------------------
+# --- pipelining ---------------------------------------------------------------------------
 
 MALFORMED = {
     # refused while its head is parsed
@@ -749,7 +749,7 @@ def test_pipelined_requests_are_answered_in_order(quick: Gateway) -> None:
     assert [quick.count(k) for k in keys] == [1, 1, 1]
 
 
-# --- 14. one Date ---------------------------------------------------------------------------
+# --- one Date -------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -800,7 +800,7 @@ def test_every_answer_has_exactly_one_date(quick: Gateway, dateless: Gateway) ->
     assert statuses == [200, 200, 200, 404, 400, 408, 200], answers
 
 
-# --- 18. keep-alive -------------------------------------------------------------------------
+# --- keep-alive -----------------------------------------------------------------------------
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ h11 and the gateway read the same bytes; they must agree.
   end-to-end headers (trailers never among them); what h11 refuses, forward() raises
   as OutcomeLost. A second request on the same pool then gets its own answer (or
   NotSent), never bytes left over from the first, and a connection with bytes left
-  over, or whose 1xx/204/304 announced a body, is not reused (issue 12, items 8, 9).
+  over, or whose 1xx/204/304 announced a body, is not reused.
   Run on uvloop and on asyncio.
 
 Where the gateway is deliberately stricter than h11 (it refuses what h11 accepts), the
@@ -33,7 +33,7 @@ count. One such refusal is kept on purpose: a response with `Transfer-Encoding: 
 chunked` is valid HTTP that h11 refuses, and the gateway, which drops Transfer-Encoding
 on its hop, must refuse it too rather than pass on a body still gzip-coded with nothing
 saying so. h11 buffers at most 16 KiB of an unfinished head; the strategies make heads
-of under 4 KiB, or of 200 KiB and more (issue 12, item 11), so the gateway's own cap
+of under 4 KiB, or of 200 KiB and more, so the gateway's own cap
 may lie anywhere in between.
 
 Examples: ORACLE_EXAMPLES for the listener (default 500) and ORACLE_CLIENT_EXAMPLES
@@ -104,7 +104,7 @@ def oracle_settings(examples: int, salt: int) -> Callable[[Any], Any]:
 #: one hop's message (Content-Length is recomputed, Transfer-Encoding removed), Host
 #: (the upstream's own; the caller's goes in X-Forwarded-Host), Expect (the gateway
 #: holds the whole body before it forwards, and answers the expectation itself), and
-#: the client-address fields, which the gateway sets itself (issue 12, item 2).
+#: the client-address fields, which the gateway sets itself.
 DROPPED = frozenset(
     {
         b"connection",
@@ -202,15 +202,14 @@ LISTENER_STRICTER = {
     "asterisk-form": "`*` is no path: no route matches it (404, nothing forwarded)",
     "fragment-in-target": "RFC 9112 3.2: a request target has no fragment ('#'); h11 takes "
     "any visible character, a refusal is right (forwarding it without the fragment is not)",
-    "dot-segments": "issue 12, item 7: a path with dot-segments or an encoded slash may be "
+    "dot-segments": "a path with dot-segments or an encoded slash may be "
     "refused on a keyed route (on any route it may be normalised, RFC 3986 5.2.4, before "
     "it is matched and forwarded: see compare())",
     "invalid-host": "RFC 9112 3.2: a Host field with an invalid value gets 400; h11 does "
     "not check the value",
     "framing-field-in-trailer": "RFC 9110 6.5.1: framing fields (Content-Length) must not "
     "be sent as trailers; llhttp refuses a chunked request with one",
-    "trailer-fields": "issue 12, item 1: a chunked request's trailer fields are dropped, or "
-    "the request is refused",
+    "trailer-fields": "a chunked request's trailer fields are dropped, or the request is refused",
     "absolute-form-without-path": "`http://host` with no path: RFC 9110 4.2.3 reads it as "
     "`/`; the gateway refuses it with 400 malformed-request (test_listener.py)",
     "upgrade": "Connection: upgrade: llhttp stops reading HTTP after an upgrade request (its "
@@ -577,7 +576,7 @@ def targets(draw: st.DrawFn, route: bytes, odd: bool) -> Part:
         )
     if form == "piece":
         piece, quirks = draw(ODD_PIECES)
-        if quirks and route == b"/k/":  # issue 12, item 7 lets a keyed route refuse them
+        if quirks and route == b"/k/":  # a keyed route may refuse dot-segments
             quirks |= {"dot-segments"}
         pieces.insert(draw(st.integers(0, len(pieces))), piece)
     query = b""
@@ -1361,7 +1360,7 @@ class ListenerOracle:
                 self.tally.excused[excuses[i][0]] += 1
                 continue
             answer = answers.got[i] if i < len(answers.got) else None
-            # Issue 12, item 6: before a request it refuses, the gateway may close the
+            # Before a request it refuses, the gateway may close the
             # connection without forwarding or answering the requests it holds; what it
             # must not do is answer one of those with the refusal.
             later_refused = (
@@ -1612,7 +1611,7 @@ def replies(draw: st.DrawFn) -> Reply:
         kind = draw(st.sampled_from(["odd", "odd", "odd", "many-lines", "long-line"]))
         if kind == "odd":
             units.append(draw(odd_header_units()))
-        elif kind == "many-lines":  # issue 12, item 11: far over any sensible head cap
+        elif kind == "many-lines":  # far over any sensible head cap
             units.append(Unit(tuple(b"X-N%d: v" % i for i in range(20_000))))
         else:
             units.append(Unit((b"X-Long: " + b"v" * 300_000,)))
@@ -1902,8 +1901,8 @@ class ClientOracle:
                     # response made of them, which the branch below would catch.
                     self.tally.outcomes["second request: OutcomeLost (late stray bytes)"] += 1
                     return found
-                # Issue 12, item 8 (bytes left after the first answer read as the
-                # second's) or item 9 (written to a connection the upstream had closed).
+                # Bytes left after the first answer read as the second's, or the
+                # second written to a connection the upstream had closed.
                 kind = "second-request-read-leftover-bytes"
                 if "closed the connection" in exc.reason or "broke" in exc.reason:
                     kind = "second-request-on-a-closed-connection"
@@ -1922,7 +1921,7 @@ class ClientOracle:
         finally:
             await upstream.close()
         if self.server.reused and expected.end == "complete":
-            # Issue 12, item 8: never reuse a connection with bytes left after the
+            # Never reuse a connection with bytes left after the
             # answer, or one whose 1xx/204 announced a body. (Line ends alone are
             # let through: llhttp skips them before a status line, so they cannot
             # become an answer, and a client cannot see them without counting bytes.)

@@ -1,4 +1,4 @@
-"""The PostgreSQL store under faults, across real processes (issue 16): the database
+"""The PostgreSQL store under faults, across real processes: the database
 SIGKILLed under a duplicate storm and restarted on its data directory; the database
 down (crashed, or hung) and back while gateways keep running; and what an acknowledged
 write is worth when the database dies a moment later.

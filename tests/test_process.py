@@ -43,8 +43,9 @@ def write_config(
 
 
 async def test_caller_hangup_does_not_cancel_the_forward(tmp_path: Path, upstream: Process) -> None:
-    """The article's case without an unknown outcome: the handler outlives the
-    caller's timeout, but not the gateway's, so the retry gets the response."""
+    """The case of "Make scheduled job handlers idempotent: safe to run twice" without
+    an unknown outcome: the handler outlives the caller's timeout, but not the
+    gateway's, so the retry gets the response."""
     path, port, _ = write_config(tmp_path, upstream.url, upstream_timeout="10s")
     gateway = gateway_process(path, port).start()
     try:

@@ -371,7 +371,7 @@ def test_template_with_period_stays_injective(ledger: Ledger, template: str) -> 
 def test_template_parts_with_separators_do_not_collide(
     template: str, first: dict[str, str], second: dict[str, str]
 ) -> None:
-    # Regression: parts were joined as they came, so these pairs shared one key.
+    # Parts joined as they come, without separators, would give these pairs one key.
     assert render(template, first) != render(template, second)
 
 
@@ -611,10 +611,10 @@ def test_windows_at_random_instants_in_random_zones(ledger: Ledger) -> None:
 
 
 def test_fall_back_by_two_hours_keeps_windows_contiguous() -> None:
-    # Regression: Antarctica/Troll falls back from +02 to +00 at 01:00 UTC. The 2h
-    # window 02:00+02 had begun at 00:00 UTC, but at 01:00 UTC (01:00+00) the key went
-    # back to the window before it, 00:00+02, which had ended an hour earlier: a job
-    # run at 22:30 UTC and one at 01:30 UTC shared a key.
+    # Antarctica/Troll falls back from +02 to +00 at 01:00 UTC. The 2h window 02:00+02
+    # begins at 00:00 UTC; read from the wall clock alone, 01:00 UTC (01:00+00) would go
+    # back to the window before it, 00:00+02, which ended an hour earlier, and a job
+    # run at 22:30 UTC and one at 01:30 UTC would share a key.
     troll = Period(2, "h", "Antarctica/Troll")
     at = [datetime(2024, 10, 26, 22, 30, tzinfo=UTC) + timedelta(hours=h) for h in range(5)]
     assert [window_start(troll, t) for t in at] == [

@@ -1,4 +1,4 @@
-"""The status URL of an accepted delivery (issue 14, docs/design/delivery.md section 4).
+"""The status URL of an accepted delivery (docs/design/delivery.md section 4).
 
 In-process: ProxyApp over httpx's ASGITransport, on the memory store and a real
 redis-server. The records are made by the store's own delivery operations (accept,

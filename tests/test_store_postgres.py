@@ -711,9 +711,8 @@ async def test_a_call_that_runs_out_of_time_is_not_retried(
     postgres_database: PostgresServer,
 ) -> None:
     """A timed-out call is a StoreError at once, not a second try: TimeoutError is an
-    OSError, which the retry on a lost connection catches, so every timeout ran twice
-    and a hung database cost a request 4 x socket_timeout instead of 2 (found by a
-    review of the group commit)."""
+    OSError, which the retry on a lost connection catches: retried, every timeout would
+    run twice and a hung database cost a request 4 x socket_timeout instead of 2."""
     store = PostgresStore(
         StoreConfig(url=postgres_database.url, prefix=unique("to") + ":", socket_timeout=0.1)
     )
@@ -735,7 +734,8 @@ async def test_a_call_that_runs_out_of_time_is_not_retried(
 def test_the_pool_defaults_to_ten_connections_on_postgresql_and_64_on_redis() -> None:
     """Unset, store.max_connections is the store's own default: a PostgreSQL connection is
     a backend process, and a few busy ones commit more per second than many that take
-    turns on the database's cores (docs/performance.md, session 11); set, it is as set."""
+    turns on the database's cores (docs/performance.md, "The PostgreSQL store"); set, it
+    is as set."""
     assert StoreConfig(url="postgresql://gateway@127.0.0.1/gateway").pool_size == 10
     assert StoreConfig(url="redis://127.0.0.1:6379/0").pool_size == 64
     assert StoreConfig(url="postgres://g@h/d", max_connections=3).pool_size == 3

@@ -303,7 +303,7 @@ async def test_completions_that_write_the_last_success_run_alone(store: Postgres
     assert "fresh-route" in await store.last_successes()
 
 
-# --- found by a review that tried to break the group commit -----------------------------
+# --- attempts to break the group commit ------------------------------------------------
 
 
 def _store(server: PostgresServer, **settings: Any) -> PostgresStore:

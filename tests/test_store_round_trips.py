@@ -1,6 +1,6 @@
 """What a request costs the PostgreSQL store on the wire: round trips, counted by a relay
 in front of the session's own PostgreSQL (tests/support/pg_wire.py), not by the
-driver's own account. Issue 16's targets, as on Redis: a first request 2 (the claim,
+driver's own account. The targets, as on Redis: a first request 2 (the claim,
 the completion), a replay 1, a duplicate finding the key in flight 1.
 
 A round trip is a Sync or a simple Query message: asyncpg's pool, left to its

@@ -222,7 +222,7 @@ def is_replay(response: httpx.Response) -> bool:
     return response.headers.get("idempotent-replayed") == "true"
 
 
-# -- 8: bytes after an answer's end ---------------------------------------------------
+# -- bytes after an answer's end ------------------------------------------------------
 
 
 @pytest.mark.parametrize("packets", ["one packet", "a later packet"])
@@ -362,7 +362,7 @@ async def test_trailing_whitespace_of_a_header_value_is_not_part_of_it(
     serve: Callable[[Handler], RawServer], client: Upstream
 ) -> None:
     """RFC 9110 5.5: whitespace around a field value is not part of it; llhttp strips
-    the leading, not the trailing (found by the h11 oracle)."""
+    the leading, not the trailing, so the client strips the trailing itself."""
 
     async def handler(peer: Peer) -> None:
         await peer.request()
@@ -375,7 +375,7 @@ async def test_trailing_whitespace_of_a_header_value_is_not_part_of_it(
     assert dict(response.headers)["cache-control"] == "no-store"
 
 
-# -- 9: a connection closed as it is handed on ---------------------------------------
+# -- a connection closed as it is handed on ------------------------------------------
 
 
 def closing_after_each_answer(runs: list[bytes]) -> Handler:
@@ -509,7 +509,7 @@ async def test_no_connection_in_time_after_a_closed_one_is_not_sent(
     assert runs == [b"/0"]
 
 
-# -- 10: the upstream's keep-alive ------------------------------------------------------
+# -- the upstream's keep-alive ----------------------------------------------------------
 
 
 def racing_keep_alive(seconds: float, runs: list[float]) -> Handler:
@@ -587,7 +587,7 @@ def test_upstream_keep_alive_parses_and_defaults_below_common_upstreams() -> Non
     assert ServerConfig().upstream_keep_alive < 2.0  # gunicorn's default keep-alive
 
 
-# -- 11: trailers, Connection-named headers, the head's size ------------------------------
+# -- trailers, Connection-named headers, the head's size ----------------------------------
 
 
 async def test_trailers_and_connection_named_headers_never_reach_the_caller(
@@ -737,7 +737,7 @@ async def test_a_large_body_in_small_chunks_is_not_a_large_head(
     assert len(response.body) == 40_000
 
 
-# -- 12: a TLS body cut without close_notify -------------------------------------------
+# -- a TLS body cut without close_notify -----------------------------------------------
 
 
 @pytest.mark.parametrize("close_notify", [True, False], ids=["close_notify", "tcp-fin-only"])

@@ -1,4 +1,4 @@
-"""What asynchronous delivery (issue 14) costs, side by side with the sync path, in one run.
+"""What asynchronous delivery costs, side by side with the sync path, in one run.
 
     .venv/bin/python tests/benchmarks/delivery.py [--duration 8] [--runs 3] [--quick]
 
@@ -20,7 +20,7 @@ none`. Each run, in this order:
            `accept` left queued: jobs per second from the first pick to depth 0
 
 The ratios are taken per run and the table shows their medians: accepted / replayed
-requests per second (issue 14's target >= 0.8; the replays of `same`), accepted /
+requests per second (the target >= 0.8; the replays of `same`), accepted /
 replays of distinct keys (`replay`: the same one round trip per request), and delivered
 jobs / sync first requests per second (>= 0.8). They are not thresholds: nothing here
 fails on a figure. CPU columns: the gateway process's and redis-server's CPU time per
@@ -397,7 +397,7 @@ def report(runs: list[Run], extras: dict[str, Any]) -> None:
         return f"{h.median(values):.2f} ({', '.join(f'{v:.2f}' for v in values)})"
 
     print()
-    print("| ratio (median of per-run ratios; per run) | value | issue 14's target |")
+    print("| ratio (median of per-run ratios; per run) | value | target |")
     print("|---|--:|--:|")
     print(f"| accepted / replayed req/s | {ratio('accept', 'same')} | >= 0.8 |")
     print(f"| accepted / replays of distinct keys req/s | {ratio('accept', 'replay')} | |")

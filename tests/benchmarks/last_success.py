@@ -1,5 +1,5 @@
-"""The store's own CPU per completion, of two source trees side by side (session 9:
-the last success written by every completion).
+"""The store's own CPU per completion, of two source trees side by side (what the
+last success, written by every completion, costs).
 
     .venv/bin/python tests/benchmarks/last_success.py [N] [ROUNDS] SRC [SRC...]
     # e.g. SRC=/path/to/a/worktree/of/main and . (this tree)

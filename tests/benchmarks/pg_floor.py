@@ -1,5 +1,5 @@
 """What the PostgreSQL store's first request and replay cost the database, beside the
-least any write or read can cost it: the floor under issue 16's throughput targets.
+least any write or read can cost it: the floor under the store's throughput targets.
 
     .venv/bin/python tests/benchmarks/pg_floor.py [N] [ROUNDS]
 
@@ -15,7 +15,7 @@ moves less than wall time. Rows:
 - the store's own claim (a first request's write), completion and a replay's claim
   (the same functions the gateway calls, `store migrate`'s schema).
 
-A first request makes two committed writes (claim and completion: issue 16's two round
+A first request makes two committed writes (claim and completion: its two round
 trips), so twice the one-index `INSERT`/`UPDATE` row is its floor on this machine.
 """
 

@@ -1,4 +1,4 @@
-"""What the PostgreSQL store costs next to the Redis store, in the same runs (issue 16).
+"""What the PostgreSQL store costs next to the Redis store, in the same runs.
 
     .venv/bin/python tests/benchmarks/postgres.py [--duration 6] [--runs 5] [--quick]
 
@@ -22,7 +22,8 @@ gateway shares one read among a process's concurrent requests for a key, so `sam
 measures the gateway more than the store. Per run: requests per second, the gateway's CPU per
 request, and the store's own CPU per request (redis-server's; the postmaster's and
 every backend's, from /proc). The ratios PostgreSQL / Redis are taken per run; the
-table shows their medians. Issue 16's targets: first requests >= 0.5x, replays >= 0.7x.
+table shows their medians. The targets (docs/performance.md, "Targets"): first requests
+>= 0.5x, replays >= 0.7x.
 Nothing here fails on a figure.
 
 `--extras commands` (default): round trips per first request and per replay over

@@ -1,5 +1,5 @@
-"""Holes found by attacking the console and the operator API from outside (issue 15's
-security review), each caught by tests/test_console_attacks.py."""
+"""Holes an attacker from outside the console and the operator API would use, each
+caught by tests/test_console_attacks.py."""
 
 from tests.mutants import Mutant
 

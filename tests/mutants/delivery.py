@@ -1,4 +1,4 @@
-"""Broken builds of the delivery store (issue 14): each must fail the contract suite."""
+"""Broken builds of the delivery store: each must fail the contract suite."""
 
 from tests.mutants import Mutant
 

@@ -1,4 +1,4 @@
-"""Broken builds of async delivery that only real processes show (issue 14): work lost
+"""Broken builds of async delivery that only real processes show: work lost
 between a killed gateway, a restarted Redis and the next replica, and a shutdown that
 frees what it cut off. Each must fail tests/test_delivery_process.py."""
 

@@ -1,4 +1,4 @@
-"""Broken builds of delivery's operations side (issue 14, step 7): metrics, listing."""
+"""Broken builds of delivery's operations side: metrics, listing."""
 
 from tests.mutants import Mutant
 

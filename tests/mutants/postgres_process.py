@@ -1,5 +1,5 @@
 """Broken builds of the PostgreSQL store that only a database that dies, hangs or is
-restarted shows (issue 16), and its cost on the wire. Each must fail the tests of
+restarted shows, and its cost on the wire. Each must fail the tests of
 tests/test_postgres_faults.py, test_crashes.py, test_delivery_process.py or
 test_store_round_trips.py it names. (The SQL rules' own mutants are in postgres.py.)"""
 

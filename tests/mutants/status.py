@@ -1,4 +1,4 @@
-"""Broken builds of the status URL (issue 14): each shows a delivery to someone who
+"""Broken builds of the status URL: each shows a delivery to someone who
 does not hold its URL, and the identical-404 test must catch it."""
 
 from tests.mutants import Mutant

@@ -1,4 +1,4 @@
-"""Issue 12, store side: plain records under encryption, framing headers on replay
+"""The store side of hardening: plain records under encryption, framing headers on replay
 and from operators, eviction policies, and the keys CLI's options."""
 
 from tests.mutants import Mutant

@@ -2,8 +2,8 @@
 connection at the same moment go to the database together, in one statement.
 
 Why: a first request costs the database two commits and the gateway two awaited
-statements, and on a busy machine those dominate (docs/performance.md, sessions 9 and
-11): about 250 us of the database's CPU per first request, and 34-45 us of the
+statements, and on a busy machine those dominate (docs/performance.md, "The PostgreSQL
+store"): about 250 us of the database's CPU per first request, and 34-45 us of the
 gateway's per statement that waits for its commit. When every pooled connection is
 busy, the callers queued for one would each pay that in turn. Here, the callers of one
 statement that are waiting when a connection comes free go in ONE statement: one
