@@ -7,8 +7,9 @@
 - No module uses a name another module keeps private (`_name`): imported, read off an
   imported module, or called on an object of another module's class.
 - Every module is named in the README's design section (its map says which module owns
-  each behaviour a newcomer asks about, and each module it names exists) and in
-  tests/README.md's module-to-tests table. A module's size is no rule: one concept
+  each behaviour a newcomer asks about, and each module it names exists; its store row
+  names each store package and its modules) and in tests/README.md's module-to-tests
+  table. A module's size is no rule: one concept
   stays whole.
 """
 
@@ -250,6 +251,22 @@ def test_the_design_map_names_modules_that_exist() -> None:
         assert places, f"names no module: {line}"
         unknown = [n for n in places if n not in modules and n not in packages]
         assert not unknown, f"{unknown} in: {line}"
+
+
+def test_the_design_map_names_each_store_and_its_modules() -> None:
+    """The store row names each store package (`redis/`, `postgres/`, `sqlite/`) and, in
+    that store's part of the row, each of its modules: a module named by a bare name
+    (`schema`) is not covered by another store's module of the same name."""
+    row = next(line for line in _design().splitlines() if line.startswith("| `store/` |"))
+    parts = re.split(r"`(\w+)/`:", row)
+    named = {parts[i]: _backticked(parts[i + 1]) for i in range(1, len(parts), 2)}
+    stores = sorted(p for p in (PACKAGE / "store").iterdir() if (p / "__init__.py").is_file())
+    assert {p.name for p in stores} >= {"redis", "postgres", "sqlite"}
+    for store in stores:
+        assert store.name in named, f"the README's store row has no `{store.name}/`: part"
+        modules = {m.stem for m in store.glob("*.py") if m.name != "__init__.py"}
+        missing = sorted(modules - named[store.name])
+        assert not missing, f"not in the `{store.name}/` part of the store row: {missing}"
 
 
 def test_every_module_has_a_row_in_the_tests_readme() -> None:
