@@ -1,7 +1,7 @@
 """Broken builds of the package's shape: a foundation that reaches up a layer, a
 type-only import that closes a cycle, a name private to one module used from another,
-a design map that names a module gone, and a listener override uvicorn no longer calls
-(tests/test_layout.py, tests/test_listener.py)."""
+a design map that names a module gone or leaves out a store, and a listener override
+uvicorn no longer calls (tests/test_layout.py, tests/test_listener.py)."""
 
 from tests.mutants import Mutant
 
@@ -44,6 +44,15 @@ MUTANTS = [
         new="- the retry schedule (backoff, jitter, Retry-After): `delivery/backoff`\n",
         tests=(L + "test_the_design_map_names_modules_that_exist",),
         breaks="the README's map sends a newcomer to a module that does not exist",
+    ),
+    Mutant(
+        name="design-map-without-the-sqlite-store",
+        path="README.md",
+        old="`sqlite/`: `store` (the `Store`: one file on this host), ",
+        new="",
+        tests=(L + "test_the_design_map_names_each_store_and_its_modules",),
+        breaks="the README's store row says nothing of the SQLite store's modules; its "
+        "`schema` and `database` pass for the PostgreSQL store's",
     ),
     Mutant(
         name="listener-override-uvicorn-never-calls",
