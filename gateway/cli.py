@@ -145,9 +145,18 @@ def _copy_side(url: str | None, config: Config | None, flag: str) -> StoreConfig
         return config.store
     if config is None:
         return StoreConfig(url=url)
-    return dataclasses.replace(
-        config.store, url=url, sentinel_master="", sentinel_nodes=(), cluster_nodes=()
-    )
+    # Only what the config wrote: a setting given at its default may be refused (an
+    # empty sentinel block is an error), and the URL names the store instead.
+    written = {
+        f.name: getattr(config.store, f.name)
+        for f in dataclasses.fields(config.store)
+        if f.name not in _NOT_COPIED and getattr(config.store, f.name) != f.default
+    }
+    return StoreConfig(url=url, **written)
+
+
+#: Settings of the config's store that name a store; a URL given names another.
+_NOT_COPIED = frozenset({"url", "sentinel_master", "sentinel_nodes", "cluster_nodes"})
 
 
 def cmd_store_copy(args: argparse.Namespace) -> int:
