@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -12,7 +13,8 @@ from datetime import UTC, datetime
 from urllib.parse import quote, urlsplit
 
 from gateway.admin import client as admin_client
-from gateway.config import Config, describe
+from gateway.config import Config, StoreConfig, describe
+from gateway.config.addresses import mask_url
 from gateway.config.loading import load_config_warnings
 from gateway.config.store import is_default_store
 from gateway.config.summary import answer_rule, delivery_mode, retry_schedule
@@ -132,6 +134,114 @@ def cmd_store_migrate(args: argparse.Namespace) -> int:
     status, text = asyncio.run(migrate_store(config.store))
     print(text, file=sys.stderr if status else sys.stdout)
     return status
+
+
+def _copy_side(url: str | None, config: Config | None, flag: str) -> StoreConfig:
+    """The store one side of `store copy` names: its URL with the config's store
+    settings (prefix, credentials, timeouts, TLS), or the config's store itself."""
+    if url is None:
+        if config is None:
+            raise SystemExit(f"error: give {flag} URL, or --config FILE for that side")
+        return config.store
+    if config is None:
+        return StoreConfig(url=url)
+    # Only what the config wrote: a setting given at its default may be refused (an
+    # empty sentinel block is an error), and the URL names the store instead.
+    written = {
+        f.name: getattr(config.store, f.name)
+        for f in dataclasses.fields(config.store)
+        if f.name not in _NOT_COPIED and getattr(config.store, f.name) != f.default
+    }
+    return StoreConfig(url=url, **written)
+
+
+#: Settings of the config's store that name a store; a URL given names another.
+_NOT_COPIED = frozenset({"url", "sentinel_master", "sentinel_nodes", "cluster_nodes"})
+
+
+def cmd_store_copy(args: argparse.Namespace) -> int:
+    config = _load(args.config) if args.config else None
+    if args.source is None and args.destination is None:
+        raise SystemExit("error: give --from URL, --to URL, or one of them and --config FILE")
+    source = _copy_side(args.source, config, "--from")
+    destination = _copy_side(args.destination, config, "--to")
+    names = (_store_name(source), _store_name(destination))
+    if names[0] == names[1] and source.prefix == destination.prefix:
+        print(f"error: --from and --to are the same store ({names[0]})", file=sys.stderr)
+        return 1
+    if "memory" in (source.kind, destination.kind):
+        print("error: memory:// lives inside one process: there is nothing to copy from "
+              "or to", file=sys.stderr)  # fmt: skip
+        return 1
+    if destination.kind == "postgres":
+        try:
+            from gateway.store.postgres.schema import migrate_store
+        except ImportError:
+            print(f"error: {_NO_DRIVER}", file=sys.stderr)
+            return 1
+        status, text = asyncio.run(migrate_store(destination))
+        if status:
+            print(text, file=sys.stderr)
+            return status
+    return int(asyncio.run(_copy(source, destination, names)))
+
+
+def _store_name(config: StoreConfig) -> str:
+    """A store as a message names it: its URL without a password."""
+    if config.kind in ("sentinel", "cluster"):
+        nodes = config.sentinel_nodes or config.cluster_nodes
+        return f"{config.kind} " + ",".join(f"{host}:{port}" for host, port in nodes)
+    return mask_url(config.url)
+
+
+async def _copy(
+    source_config: StoreConfig, destination_config: StoreConfig, names: tuple[str, str]
+) -> int:
+    from gateway.errors import CopyRefused, StoreError
+    from gateway.store import open_store
+    from gateway.store.copy import copy_records
+
+    print(f"copying every record from {names[0]} to {names[1]}")
+    opened = []
+    try:
+        source, destination = open_store(source_config), open_store(destination_config)
+        for store, name in zip((source, destination), names, strict=True):
+            await store.start()
+            opened.append(store)
+            try:
+                await store.ping()
+            except StoreError as exc:
+                raise StoreError(f"cannot reach {name}: {exc}") from exc
+        report = await copy_records(source, destination, destination_name=names[1])
+    except (CopyRefused, StoreError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for store in opened:
+            await store.close()
+    print(f"copied {report.written} records")
+    print(f"  {'route':24} {'state':12} {'source':>8} {'copied':>8}")
+    for route, state in sorted(report.read.keys() | report.found.keys()):
+        read, found = report.read[(route, state)], report.found[(route, state)]
+        print(f"  {route:24} {state:12} {read:>8} {found:>8}")
+    for route, (queued, retrying, queued_now, retrying_now) in sorted(report.queues.items()):
+        print(
+            f"  deliveries of {route}: {queued} queued and {retrying} retrying in the source, "
+            f"{queued_now} and {retrying_now} in the destination"
+        )
+    if report.repeated:
+        print(f"  {report.repeated} records read twice by the walk were written once")
+    if report.mismatches:
+        for line in report.mismatches:
+            print(f"error: {line}", file=sys.stderr)
+        print(
+            f"error: the copy in {names[1]} does not match {names[0]}; keep the gateway on "
+            "the source, empty the destination and copy again",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"the counts match: point store.url at {names[1]} and start the gateway")
+    return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -314,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     keygen = sub.add_parser("keygen", help="print a new store.encryption_key")
     keygen.set_defaults(func=cmd_keygen)
 
-    store = sub.add_parser("store", help="the store's schema (PostgreSQL)")
+    store = sub.add_parser("store", help="the store's schema (PostgreSQL), copying a store")
     store_sub = store.add_subparsers(dest="store_command", required=True)
     migrate = store_sub.add_parser(
         "migrate",
@@ -323,6 +433,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     migrate.add_argument("--config", help="config file (default: $GATEWAY_CONFIG)")
     migrate.set_defaults(func=cmd_store_migrate)
+    copy = store_sub.add_parser(
+        "copy",
+        help="copy every record from one store to an empty one, with the gateway stopped "
+        "(SQLite, Redis, PostgreSQL, either way); checks the counts after",
+    )
+    copy.add_argument("--from", dest="source", metavar="URL", help="the store to copy")
+    copy.add_argument("--to", dest="destination", metavar="URL", help="an empty store")
+    copy.add_argument(
+        "--config",
+        help="config file: its store is the side --from or --to leaves out, and its store "
+        "settings (prefix, credentials, TLS) apply to a URL given",
+    )
+    copy.set_defaults(func=cmd_store_copy)
 
     demo = sub.add_parser("demo", help="an example job endpoint behind the gateway, no Redis")
     port = _counted(1, 65535)

@@ -3,6 +3,8 @@
     GatewayError
     ├── ConfigError            a config file is wrong; never reaches a request
     ├── StoreError             the store could not be reached or answered badly
+    ├── CopyRefused            `store copy`: the destination holds keys, or the copy's
+    │                          counts do not match the source's
     ├── UpstreamError          how a forward failed, classified once (upstream.py)
     │   ├── NotSent            the request never left: safe to run again
     │   └── OutcomeLost        it was sent and the answer was lost: never resend blind
@@ -118,6 +120,11 @@ class StoreError(GatewayError):
         driver's pool-exhausted and timeout errors often have none)."""
         words = str(exc).strip().splitlines()
         return cls(f"{what}: {words[0] if words else type(exc).__name__}")
+
+
+class CopyRefused(GatewayError):
+    """`store copy` stopped: its message says why (a destination that already holds
+    records, counts that differ after the copy) and what to do."""
 
 
 class UpstreamError(GatewayError):

@@ -189,6 +189,19 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 def make_store(store_kind: str, request: pytest.FixtureRequest) -> Callable[[], Store]:
     """Stores of the parametrised kind; Redis ones get a prefix of their own, SQLite
     ones a file of their own (every store made here shares it, as workers do)."""
+    return store_maker(store_kind, request, "gateway.db")
+
+
+@pytest.fixture
+def make_other_store(store_kind: str, request: pytest.FixtureRequest) -> Callable[[], Store]:
+    """Stores of the parametrised kind apart from `make_store`'s (another prefix, another
+    SQLite file): where a test copies records from one store to another."""
+    return store_maker(store_kind, request, "other.db")
+
+
+def store_maker(
+    store_kind: str, request: pytest.FixtureRequest, sqlite_file: str
+) -> Callable[[], Store]:
     prefix = unique("t") + ":"
 
     topology, _, wait = store_kind.partition("+")
@@ -218,7 +231,7 @@ def make_store(store_kind: str, request: pytest.FixtureRequest) -> Callable[[], 
             )
         if topology == "sqlite":
             folder: Path = request.getfixturevalue("tmp_path")
-            return SqliteStore(StoreConfig(url=f"sqlite://{folder / 'gateway.db'}"))
+            return SqliteStore(StoreConfig(url=f"sqlite://{folder / sqlite_file}"))
         if topology == "postgres":
             database: PostgresServer = request.getfixturevalue("postgres_database")
             return PostgresStore(

@@ -18,7 +18,7 @@ LUA = resources.files("gateway.store.redis") / "lua"
 SCRIPTS = sorted(p.name.removesuffix(".lua") for p in LUA.iterdir() if p.name.endswith(".lua"))
 HASH_COMMANDS = ("HSET", "HGET", "HMGET", "HDEL", "HEXISTS")
 #: commands on the record that name no field
-WHOLE_RECORD = ("HGETALL", "DEL", "PEXPIRE", "PERSIST")
+WHOLE_RECORD = ("HGETALL", "DEL", "PEXPIRE", "PERSIST", "EXISTS")
 #: the Record attributes no hash field holds: given by the reader, or the response's
 NOT_FIELDS = {"digest", "now_ms", "unreadable"}
 

@@ -701,7 +701,10 @@ async def test_a_missing_token_costs_what_a_stored_one_does(
         requests=0,
         detail=f"medians {existing * 1e6:.1f} us and {missing * 1e6:.1f} us",
     )
-    assert spread(existing, missing) < 1.3, (
+    # Half a microsecond apart is below what any caller can tell over a network, and
+    # within a loaded machine's noise on the memory store's sub-microsecond reads; a
+    # token decrypted for one side only costs several.
+    assert spread(existing, missing) < 1.3 or abs(existing - missing) < 0.5e-6, (
         f"a delivery's token {existing * 1e6:.1f} us, no record's {missing * 1e6:.1f} us"
     )
 

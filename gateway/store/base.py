@@ -18,6 +18,9 @@ Operator surfaces read pages (`list_records`, from a cursor) and counts the stor
 keeps as records change (`stats`, `queue_stats`): neither grows with the records.
 `accept` decides an async route's bound against the store's own count, in its step.
 
+A copy to another store (store/copy.py, with the gateway stopped) reads every record
+with `export_records` and writes it with `import_records`, as it is: no move is made.
+
 The store also keeps the operator roster: store/operator_roster.py, whose contract Store
 takes on.
 
@@ -29,7 +32,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import random
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
@@ -47,6 +50,7 @@ from gateway.records import (
 from gateway.store.notices import Due, DueFeed, Notifier, Watch
 from gateway.store.operator_roster import OperatorRoster, RosterEntry
 from gateway.store.pages import MAX_PAGE_SIZE, PAGE_SIZE, Page
+from gateway.store.transfer import EXPORT_PAGE, ExportedRecord, ExportPage
 
 if TYPE_CHECKING:
     from gateway.config import StoreConfig
@@ -554,6 +558,33 @@ class Store(OperatorRoster):
         route without one is absent. Reads only. PostgreSQL keeps it to the second (a
         route's row is written at most once a second, so completions do not queue on
         its lock); the other stores to the millisecond."""
+
+    # -- copying to another store ------------------------------------------------------
+
+    @abc.abstractmethod
+    async def export_records(self, cursor: str = "", limit: int = EXPORT_PAGE) -> ExportPage:
+        """A page of about `limit` records from `cursor` ("" to start, then a page's
+        `next`, until it is ""): every record the store holds, in any state, but one past
+        its expiry, each with its stored response, token and request as stored (sealed
+        or not) and the time a settled one has left (transfer.py). Reads only, and a page
+        at a time: never every record at once. Made for a store no gateway writes to: a
+        record that moves during the walk may be read before or after the move, or on
+        Redis (a SCAN) twice."""
+
+    @abc.abstractmethod
+    async def import_records(self, items: Sequence[ExportedRecord]) -> list[str]:
+        """Write each item as it is (its state, times, history, attempts and stored
+        bytes; a settled one expiring after its `ttl_ms` from the store's now), with
+        everything the store keeps beside it (indexes, kept counts, admission marks), so
+        listings, `stats`, `queue_stats` and the workers find it as if it had been made
+        here. No move is made and nobody is notified. An item whose digest the store
+        already holds a live record under is skipped, changing nothing. Each item is one
+        atomic step (the SQL stores: the page in one transaction). Returns the digests
+        it skipped."""
+
+    @abc.abstractmethod
+    async def holds_keys(self) -> bool:
+        """Whether the store holds any live record (of its prefix, where it has one)."""
 
     async def wait(self, ref: KeyRef, watch: Watch, timeout: float) -> None:
         """Wait until `watch` (from `notifier.watch`) fires or a jittered fallback

@@ -19,7 +19,7 @@ import bisect
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
@@ -61,6 +61,7 @@ from gateway.store.pages import (
     page_of,
     place_of,
 )
+from gateway.store.transfer import EXPORT_PAGE, ExportedRecord, ExportPage
 
 QUEUE_STATES_ORDER = (State.QUEUED, State.RETRYING)
 
@@ -420,6 +421,58 @@ class MemoryStore(Store):
             )
         )
         return True
+
+    # -- copying to another store --------------------------------------------------
+
+    async def export_records(self, cursor: str = "", limit: int = EXPORT_PAGE) -> ExportPage:
+        now = now_ms()
+        self._purge(now)
+        # Sorted per page: this store lives in one process, so only its own tests walk it.
+        digests = sorted(d for d in self._records if d > cursor)[:limit]
+        items = []
+        for digest in digests:
+            record = self._records[digest]
+            sealed = self._sealed.get(digest)
+            if sealed is None and record.response is not None:
+                sealed = self.codec.encode(digest, record.response)
+            expires = self._expires.get(digest)
+            items.append(
+                ExportedRecord(
+                    self._out(record, now),
+                    response=sealed,
+                    token=self._tokens.get(digest),
+                    request=self._requests.get(digest),
+                    ttl_ms=None if expires is None else expires - now,
+                )
+            )
+        return ExportPage(items, digests[-1] if len(digests) == limit else "")
+
+    async def import_records(self, items: Sequence[ExportedRecord]) -> list[str]:
+        now = now_ms()
+        skipped = []
+        for item in items:
+            digest = item.record.digest
+            if self._read(digest, now) is not None:
+                skipped.append(digest)
+                continue
+            record = replace(item.record, now_ms=now, response=None, unreadable="", token="")
+            if item.response is not None:
+                response = self.read_response(digest, item.response)[0]
+                if self.codec.encrypting or response is None:
+                    self._sealed[digest] = item.response  # kept sealed, opened on reads
+                else:
+                    record = replace(record, response=response)
+            if item.token is not None:
+                self._tokens[digest] = item.token
+            if item.request is not None:
+                self._requests[digest] = item.request
+            ttl = None if item.ttl_ms is None else max(1, item.ttl_ms) / 1000
+            self._put(record, ttl=ttl, notify=False)
+        return skipped
+
+    async def holds_keys(self) -> bool:
+        self._purge(now_ms())
+        return bool(self._records)
 
     # -- operators ---------------------------------------------------------------
 

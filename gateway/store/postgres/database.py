@@ -93,7 +93,7 @@ _STATEMENTS = (
     "claim", "complete", "release", "unresolved", "expire", "get", "leases", "check_begin",
     "park", "locked", "stats", "reap", "accept", "pick", "retry", "request", "due",
     "queue_stats", "last_successes", "claim_batch", "complete_batch", "token",
-    "counted",
+    "counted", "export", "import", "holds",
 )  # fmt: skip
 
 

@@ -28,7 +28,7 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias, TypeVar
 
 import asyncpg
@@ -62,6 +62,7 @@ from gateway.store.postgres.notices import PostgresNotices
 from gateway.store.postgres.roster import PostgresRoster
 from gateway.store.postgres.rows import RecordRows
 from gateway.store.postgres.schema import SchemaError, check
+from gateway.store.transfer import EXPORT_PAGE, ExportedRecord, ExportPage
 
 log = logging.getLogger("gateway.store")
 
@@ -483,6 +484,47 @@ class PostgresStore(PartsStore):
     async def last_successes(self) -> dict[str, float]:
         rows = await self.db.fetch("last_successes")
         return {row["route"]: row["age_ms"] / 1000 for row in rows}
+
+    # -- copying to another store --------------------------------------------------
+
+    async def export_records(self, cursor: str = "", limit: int = EXPORT_PAGE) -> ExportPage:
+        rows = await self.db.fetch("export", cursor, limit)
+        items = [
+            ExportedRecord(
+                decode_record(self.opener, row["digest"], row["now"], row),
+                response=row["response"],
+                token=row["token"],
+                request=row["request"],
+                ttl_ms=None if row["expires_ms"] is None else row["expires_ms"] - row["now"],
+            )
+            for row in rows
+        ]
+        return ExportPage(items, rows[-1]["digest"] if len(rows) == limit else "")
+
+    async def import_records(self, items: Sequence[ExportedRecord]) -> list[str]:
+        statement = self.db.statements["import"]
+
+        async def write(conn: asyncpg.Connection) -> list[str]:
+            skipped = []
+            for item in items:
+                r = item.record
+                row = await conn.fetchrow(
+                    statement,
+                    r.digest, r.route, r.key, str(r.state), r.run_id, r.fingerprint,
+                    r.created_ms, r.since_ms, r.lease_until_ms, item.ttl_ms, item.response,
+                    r.reason, r.holder, r.holder_since_ms, r.check_lock_ms, r.last_check_ms,
+                    r.reconcile, list(r.history), r.delivery, r.attempts, r.due_ms,
+                    r.last_attempt, item.token, item.request,
+                )  # fmt: skip
+                if row is None:
+                    skipped.append(r.digest)
+            return skipped
+
+        return await self.db.transaction(write, "import")
+
+    async def holds_keys(self) -> bool:
+        row = await self.db.fetchrow("holds")
+        return bool(row is not None and row["held"])
 
     # -- the parts' operations ------------------------------------------------------
 

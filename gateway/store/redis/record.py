@@ -41,37 +41,42 @@ FIELDS: dict[str, Field] = {
         "state: in_flight, completed, released, unresolved, parked, claimed, queued or "
         "retrying; moved by _lib's move()",
         "state",
-        ("_lib", "accept", "claim", "complete"),
+        ("_lib", "accept", "claim", "complete", "import"),
         "state",
     ),
     "u": Field(
         "when it entered its current state",
         "ms",
-        ("_lib", "accept", "claim", "complete"),
+        ("_lib", "accept", "claim", "complete", "import"),
         "since_ms",
     ),
     "r": Field(
         "run_id of the claim that owns the key (a delivery's: its latest attempt's)",
         "text",
-        ("accept", "claim", "pick"),
+        ("accept", "claim", "pick", "import"),
         "run_id",
     ),
     "f": Field(
         "the request's fingerprint (a repeat must match it)",
         "text",
-        ("accept", "claim"),
+        ("accept", "claim", "import"),
         "fingerprint",
     ),
     "c": Field(
-        "when the key was first claimed (or accepted)", "ms", ("accept", "claim"), "created_ms"
+        "when the key was first claimed (or accepted)",
+        "ms",
+        ("accept", "claim", "import"),
+        "created_ms",
     ),
-    "rt": Field("the route's name", "text", ("accept", "claim"), "route"),
-    "k": Field("the idempotency key, as the caller sent it", "text", ("accept", "claim"), "key"),
+    "rt": Field("the route's name", "text", ("accept", "claim", "import"), "route"),
+    "k": Field(
+        "the idempotency key, as the caller sent it", "text", ("accept", "claim", "import"), "key"
+    ),
     "l": Field(
         "lease deadline of an in_flight run (the sweep's index score too); dropped when "
         "the run settles or turns open",
         "ms",
-        ("claim", "pick"),
+        ("claim", "pick", "import"),
         "lease_until_ms",
     ),
     "w": Field(
@@ -83,26 +88,26 @@ FIELDS: dict[str, Field] = {
     "resp": Field(
         "the stored response: StoredResponse.encode(), sealed when encryption is on (store.codec)",
         "response",
-        ("check_end", "complete", "op_resolve"),
+        ("check_end", "complete", "op_resolve", "import"),
         "response",
     ),
     "why": Field(
         "why the outcome is unknown (unresolved), or why it is parked",
         "text",
-        ("_lib", "check_end", "pick", "retry"),
+        ("_lib", "check_end", "pick", "retry", "import"),
         "reason",
     ),
     "h": Field(
         "the history: a list of events {at_ms, event, ...}, carried over a released "
         "tombstone's next claim",
         "json list",
-        ("_lib", "accept", "claim", "put_back"),
+        ("_lib", "accept", "claim", "put_back", "import"),
         "history",
     ),
     "ck": Field(
         "a check of the upstream holds the record until then",
         "ms",
-        ("check_begin",),
+        ("check_begin", "import"),
         "check_lock_ms",
     ),
     "ckt": Field(
@@ -111,44 +116,44 @@ FIELDS: dict[str, Field] = {
         ("check_begin",),
         None,
     ),
-    "lc": Field("when the last check began", "ms", ("check_begin",), "last_check_ms"),
+    "lc": Field("when the last check began", "ms", ("check_begin", "import"), "last_check_ms"),
     "rc": Field(
         "the last check's answer (result and the upstream's reply)",
         "json object",
-        ("check_end",),
+        ("check_end", "import"),
         "reconcile",
     ),
-    "op": Field("the operator holding a claimed record", "text", ("op_claim",), "holder"),
-    "os": Field("when that operator took it", "ms", ("op_claim",), "holder_since_ms"),
+    "op": Field("the operator holding a claimed record", "text", ("op_claim", "import"), "holder"),
+    "os": Field("when that operator took it", "ms", ("op_claim", "import"), "holder_since_ms"),
     "dl": Field(
         "made by accept: a delivery, whose request is kept at `rq:<digest>` until it settles",
         "flag",
-        ("accept",),
+        ("accept", "import"),
         "delivery",
     ),
     "n": Field(
         "delivery attempts started (pick counts them, a pick put back unsent does not; "
         "an operator's retry starts again)",
         "count",
-        ("accept", "op_resolve", "pick", "put_back"),
+        ("accept", "op_resolve", "pick", "put_back", "import"),
         "attempts",
     ),
     "due": Field(
         "when a queued or retrying delivery is due (its queue index's score too)",
         "ms",
-        ("accept", "check_end", "op_resolve", "put_back", "retry"),
+        ("accept", "check_end", "op_resolve", "put_back", "retry", "import"),
         "due_ms",
     ),
     "la": Field(
         "the last delivery attempt that did not complete it, or the one that did (JSON)",
         "json object",
-        ("complete", "retry"),
+        ("complete", "retry", "import"),
         "last_attempt",
     ),
     "tk": Field(
         "the status URL's token, sealed like the response (store.codec, KIND_TOKEN)",
         "token",
-        ("accept",),
+        ("accept", "import"),
         "token",
     ),
 }

@@ -55,6 +55,7 @@ SCRIPTS = (
     "list",
     "recount",
     "admission",
+    "import",
 )
 #: Scripts that read no record: sent as they are, without the helpers of _lib.lua.
 STANDALONE = frozenset({"list", "recount", "admission"})

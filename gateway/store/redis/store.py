@@ -43,7 +43,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from redis.commands.core import AsyncScript
@@ -78,6 +78,8 @@ from gateway.store.redis.resp import RespConnection, RespConnectionError, RespEr
 from gateway.store.redis.roster import RedisRoster
 from gateway.store.redis.scripts import SCRIPTS, ScriptCommands, SharedLoads, script_source
 from gateway.store.redis.topology import client_for, describe, script_endpoint, script_then_wait
+from gateway.store.redis.transfer import RedisTransfer
+from gateway.store.transfer import EXPORT_PAGE, ExportedRecord, ExportPage
 
 log = logging.getLogger("gateway.store")
 
@@ -170,6 +172,14 @@ class RedisStore(PartsStore):
         #: Set while the notification subscribers are up (tests wait on it).
         self.subscribed = self.notices.subscribed
         self.operators = RedisRoster(self.client, self.prefix)
+        self.transfer = RedisTransfer(
+            self.client,
+            self.opener,
+            self.prefix,
+            cluster=self.cluster,
+            run=self._run,
+            admission=self.admission,
+        )
 
     def _keys(self, ref: KeyRef) -> tuple[list[str], list[str]]:
         """The script KEYS (see _lib.lua) and the two ARGV every script starts with."""
@@ -555,3 +565,14 @@ class RedisStore(PartsStore):
 
     async def queue_stats(self) -> list[QueueStat]:
         return await self.listing.queue_stats()
+
+    # -- copying to another store --------------------------------------------------
+
+    async def export_records(self, cursor: str = "", limit: int = EXPORT_PAGE) -> ExportPage:
+        return await self.transfer.export_records(cursor, limit)
+
+    async def import_records(self, items: Sequence[ExportedRecord]) -> list[str]:
+        return await self.transfer.import_records(items)
+
+    async def holds_keys(self) -> bool:
+        return await self.transfer.holds_keys()

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import random
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -58,8 +58,9 @@ from gateway.store.sqlite.delivery import SqliteDeliveries
 from gateway.store.sqlite.listing import SqliteListing
 from gateway.store.sqlite.notices import SqliteNotices
 from gateway.store.sqlite.roster import SqliteRoster
-from gateway.store.sqlite.rows import TOMBSTONE_TTL, Effects, Rows, moved, now_ms
+from gateway.store.sqlite.rows import COLUMNS, TOMBSTONE_TTL, Effects, Rows, moved, now_ms
 from gateway.store.sqlite.schema import SchemaError, prepare
+from gateway.store.transfer import EXPORT_PAGE, ExportedRecord, ExportPage
 
 log = logging.getLogger("gateway.store")
 
@@ -91,6 +92,14 @@ _LAST_SUCCESS = (
     "INSERT INTO gateway_last_success (route, at_ms) VALUES (?, ?)"
     " ON CONFLICT (route) DO UPDATE SET at_ms = max(at_ms, excluded.at_ms)"
 )
+
+
+#: An export page: the live rows after a digest, in digest order (the primary key's).
+_EXPORT = (
+    f"SELECT digest, {', '.join(COLUMNS)}, response, token, request FROM gateway_records"
+    " WHERE digest > ? AND (expires_ms IS NULL OR expires_ms > ?) ORDER BY digest LIMIT ?"
+)
+_EXPIRES = 1 + COLUMNS.index("expires_ms")
 
 
 def sqlite_path(url: str) -> Path:
@@ -573,6 +582,51 @@ class SqliteStore(PartsStore):
             return OperatorResult(True, state="released")
 
         return await self.run(op, "operator resolve")
+
+    # -- copying to another store --------------------------------------------------
+
+    async def export_records(self, cursor: str = "", limit: int = EXPORT_PAGE) -> ExportPage:
+        def op(conn: sqlite3.Connection, now: int, fx: Effects) -> ExportPage:
+            rows = conn.execute(_EXPORT, (cursor, now, limit)).fetchall()
+            items = []
+            for row in rows:
+                expires = row[_EXPIRES]
+                items.append(
+                    ExportedRecord(
+                        self.rows.decode(row[:-1], now),
+                        response=row[-3],
+                        token=row[-2],
+                        request=row[-1],
+                        ttl_ms=None if expires is None else expires - now,
+                    )
+                )
+            return ExportPage(items, rows[-1][0] if len(rows) == limit else "")
+
+        return await self.run(op, "export")
+
+    async def import_records(self, items: Sequence[ExportedRecord]) -> list[str]:
+        def op(conn: sqlite3.Connection, now: int, fx: Effects) -> list[str]:
+            skipped = []
+            for item in items:
+                if self.rows.take(conn, item.record.digest, now) is not None:
+                    skipped.append(item.record.digest)
+                    continue  # a live record: kept (take deleted one past its expiry)
+                ttl = None if item.ttl_ms is None else item.ttl_ms / 1000
+                blobs = {"response": item.response, "token": item.token, "request": item.request}
+                self.rows.write(conn, replace(item.record, now_ms=now), None, ttl=ttl, **blobs)
+            return skipped
+
+        return await self.run(op, "import")
+
+    async def holds_keys(self) -> bool:
+        def op(conn: sqlite3.Connection, now: int, fx: Effects) -> bool:
+            found = conn.execute(
+                "SELECT 1 FROM gateway_records WHERE expires_ms IS NULL OR expires_ms > ? LIMIT 1",
+                (now,),
+            ).fetchone()
+            return found is not None
+
+        return await self.run(op, "holds keys")
 
     # -- the parts' operations ------------------------------------------------------
 
