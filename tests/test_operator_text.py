@@ -467,3 +467,17 @@ def test_the_rules_alone() -> None:
     operator_text.check_body("\x00\x01 binary-ish text is a body's own business")
     with pytest.raises(InvalidText):
         operator_text.check_body("\ud800")
+
+
+def test_a_shared_token_name_is_checked_as_given_not_after_unicode_trimming() -> None:
+    from gateway.errors import InvalidText
+    from gateway.operators.identity import Operator, Role
+
+    shared = Operator("", Role.OPERATOR, "shared_token")
+    assert shared.acting("  ann ").name == "ann"
+    # str.strip() counts these as whitespace: a control or separator at either end of
+    # a name is refused, as it is inside one, never trimmed away unseen.
+    for bad in ("\x85ann", "ann\x85", "ann\u2029", "\x1cann", "\x85", "ann\t"):
+        with pytest.raises(InvalidText) as refused:
+            shared.acting(bad)
+        assert refused.value.extra["field"] == "operator"

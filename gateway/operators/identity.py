@@ -78,6 +78,11 @@ class Operator:
                 f'You are authenticated as {self.name}; leave "operator" out, or give '
                 f'"{self.name}".'
             )
+        if isinstance(given, str):
+            # Checked as given: str.strip() also drops C1 controls (U+0085), the
+            # separators U+001C-U+001F and U+2028/U+2029, which would otherwise be
+            # accepted silently at either end of a name the rules refuse them in.
+            check_name(given.strip(" "))
         if not isinstance(named, str) or not named:
             raise OperatorRequired(
                 'Send {"operator": "your name"}: the shared token does not say who you '
