@@ -27,7 +27,7 @@ import pytest
 
 from gateway.config import StoreConfig
 from gateway.errors import StoreError
-from gateway.records import KeyRef, State, StoredResponse
+from gateway.records import KeyRef, Record, State, StoredResponse
 from gateway.store.base import Store
 from gateway.store.sqlite import SqliteStore
 from gateway.store.sqlite.rows import Effects
@@ -330,6 +330,38 @@ async def test_stores_starting_together_apply_the_schema_once(tmp_path: Path) ->
     with sqlite3.connect(tmp_path / "gateway.db") as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == latest()
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_stores_claiming_the_same_keys_at_once_each_wait_their_turn(
+    tmp_path: Path,
+) -> None:
+    """Four stores on one file (four workers) read and claim the same 60 keys at once,
+    each in batches of its own that begin with a read: a batch reads only once it holds
+    the file's write lock, so none decides on a read another's commit made stale (that
+    write would fail, SQLITE_BUSY_SNAPSHOT, instead of waiting its turn). Every claim is
+    answered, and each key has one winner."""
+    url = f"sqlite://{tmp_path / 'gateway.db'}"
+    stores = [SqliteStore(StoreConfig(url=url)) for _ in range(4)]
+    for store in stores:
+        await store.start()
+
+    async def look_then_claim(store: Store, key: KeyRef, run: str) -> Record | None:
+        # Both queued in one tick: one batch, its first operation a read.
+        _, claimed = await asyncio.gather(store.get(key), store.claim(key, run, "fp", 30))
+        return claimed
+
+    try:
+        refs = [ref() for _ in range(60)]
+        got = await asyncio.gather(
+            *(look_then_claim(s, r, f"run-{i}") for r in refs for i, s in enumerate(stores)),
+            return_exceptions=True,
+        )
+    finally:
+        await asyncio.gather(*(store.close() for store in stores))
+    failures = [g for g in got if isinstance(g, BaseException)]
+    assert not failures, failures[:3]
+    winners = [sum(g is None for g in got[k * 4 : k * 4 + 4]) for k in range(len(refs))]
+    assert winners == [1] * len(refs)
 
 
 async def test_notices_from_anything_but_a_worker_are_dropped(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ MUTANTS = [
         "            self._answers",
         new='            conn.execute("BEGIN DEFERRED")\n        except sqlite3.Error as exc:\n'
         "            self._answers",
-        tests=(f"{SQLITE}::test_stores_starting_together_apply_the_schema_once",),
+        tests=(f"{SQLITE}::test_stores_claiming_the_same_keys_at_once_each_wait_their_turn",),
         breaks="a batch reads before it holds the write lock: two workers read a key free "
         "at once, and the second's write fails (SQLITE_BUSY_SNAPSHOT) instead of waiting",
     ),
