@@ -405,3 +405,61 @@ async def test_a_long_path_still_gets_its_notices(tmp_path: Path) -> None:
     finally:
         await a.close()
         await b.close()
+
+
+def _delete(db: Path) -> None:
+    for name in (db.name, db.name + "-wal", db.name + "-shm"):
+        (db.parent / name).unlink(missing_ok=True)
+
+
+def _replace(db: Path) -> None:
+    other = db.with_name("restored.db")
+    with contextlib.closing(sqlite3.connect(other)) as conn:
+        conn.execute("CREATE TABLE t (x)")
+        conn.commit()
+    os.replace(other, db)
+
+
+def _truncate(db: Path) -> None:
+    os.truncate(db, 0)
+
+
+def _drop_log(db: Path) -> None:
+    for name in (db.name + "-wal", db.name + "-shm"):
+        (db.parent / name).unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (_delete, "was deleted"),
+        (_replace, "was replaced"),
+        (_truncate, "was truncated"),
+        (_drop_log, "lost its write-ahead log"),
+    ],
+)
+async def test_a_file_deleted_or_replaced_under_the_store_refuses_every_write(
+    tmp_path: Path, damage: Callable[[Path], None], said: str
+) -> None:
+    """The file deleted, replaced, truncated or its -wal removed while the store runs:
+    SQLite would go on committing to what it holds open, and a restart would find none
+    of it (each key run again). Every operation after it, reads and the readiness ping
+    too, is a StoreError naming the file, what happened and the fix; nothing is kept in
+    the lost file as if it were safe."""
+    db = tmp_path / "gateway.db"
+    store = SqliteStore(StoreConfig(url=f"sqlite://{db}"))
+    await store.start()
+    try:
+        kept = ref()
+        assert await store.claim(kept, "run-1", "fp", 30) is None
+        damage(db)
+        for attempt in (
+            store.claim(ref(), "run-2", "fp", 30),
+            store.get(kept),
+            store.ping(),
+        ):
+            with pytest.raises(StoreError, match=said) as raised:
+                await attempt
+            assert str(db) in str(raised.value) and "restart" in str(raised.value)
+    finally:
+        await store.close()

@@ -222,4 +222,13 @@ MUTANTS = [
         breaks="the image keeps the SQLite file in the container's layer: a new container "
         "starts empty and runs every completed key again",
     ),
+    Mutant(
+        name="sqlite-file-swapped-unnoticed",
+        path=DATABASE,
+        old="        lost = self.watch.check()\n",
+        new='        lost = ""\n',
+        tests=(f"{SQLITE}::test_a_file_deleted_or_replaced_under_the_store_refuses_every_write",),
+        breaks="the file deleted, replaced or truncated under a running gateway: it goes on "
+        "committing to a file no restart finds, and every key it held runs again",
+    ),
 ]
