@@ -463,3 +463,36 @@ async def test_a_file_deleted_or_replaced_under_the_store_refuses_every_write(
             assert str(db) in str(raised.value) and "restart" in str(raised.value)
     finally:
         await store.close()
+
+
+async def test_what_else_is_in_the_notice_folder_fails_no_write(tmp_path: Path) -> None:
+    """Entries in the notice folder named like sockets but that are not a worker's (a
+    folder, a file, a socket nobody reads from, nor binds any more): a completion is
+    still answered, the other store still hears of it, and nothing but a dead socket
+    is removed."""
+    url = f"sqlite://{tmp_path / 'gateway.db'}"
+    a, b = SqliteStore(StoreConfig(url=url)), SqliteStore(StoreConfig(url=url))
+    await a.start()
+    await b.start()
+    folder = tmp_path / "gateway.db-notices"
+    for name in ("0-folder.sock", "~-folder.sock"):  # listed before and after the workers'
+        (folder / name).mkdir()
+    (folder / "0-file.sock").write_text("not a socket")
+    gone = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    gone.bind(str(folder / "0-gone.sock"))
+    gone.close()  # a worker killed before it removed its socket
+    a.notices._peers_at = -10.0  # list the folder again now
+    try:
+        for _ in range(3):
+            r = ref()
+            assert await a.claim(r, "run-1", "fp", 30) is None
+            with b.notifier.watch(r.digest) as watch:
+                assert await a.complete(r, "run-1", RESPONSE, 60)
+                async with asyncio.timeout(5):
+                    await watch.wait()
+        left = sorted(p.name for p in folder.iterdir())
+        assert {"0-folder.sock", "~-folder.sock", "0-file.sock"} <= set(left)
+        assert "0-gone.sock" not in left
+    finally:
+        await a.close()
+        await b.close()
