@@ -881,6 +881,10 @@ def test_server_and_admin_on_the_same_address() -> None:
         ("redis://", "has no host"),
         ("redis://h/abc", "must be a database number"),
         ("unix://run/redis.sock", "three slashes"),
+        ("SQLITE:///var/lib/gw.db", 'in lower case: "sqlite://"'),
+        ("Memory://", 'in lower case: "memory://"'),
+        ("PostgreSQL://db/gateway", 'in lower case: "postgresql://"'),
+        ("sqlite://~/gw.db", "~ is not expanded"),
     ],
 )
 def test_bad_store_url(url: str, expected: str) -> None:

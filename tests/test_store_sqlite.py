@@ -437,3 +437,94 @@ async def test_a_long_path_still_gets_its_notices(tmp_path: Path) -> None:
     finally:
         await a.close()
         await b.close()
+
+
+def _delete(db: Path) -> None:
+    for name in (db.name, db.name + "-wal", db.name + "-shm"):
+        (db.parent / name).unlink(missing_ok=True)
+
+
+def _replace(db: Path) -> None:
+    other = db.with_name("restored.db")
+    with contextlib.closing(sqlite3.connect(other)) as conn:
+        conn.execute("CREATE TABLE t (x)")
+        conn.commit()
+    os.replace(other, db)
+
+
+def _truncate(db: Path) -> None:
+    os.truncate(db, 0)
+
+
+def _drop_log(db: Path) -> None:
+    for name in (db.name + "-wal", db.name + "-shm"):
+        (db.parent / name).unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (_delete, "was deleted"),
+        (_replace, "was replaced"),
+        (_truncate, "was truncated"),
+        (_drop_log, "lost its write-ahead log"),
+    ],
+)
+async def test_a_file_deleted_or_replaced_under_the_store_refuses_every_write(
+    tmp_path: Path, damage: Callable[[Path], None], said: str
+) -> None:
+    """The file deleted, replaced, truncated or its -wal removed while the store runs:
+    SQLite would go on committing to what it holds open, and a restart would find none
+    of it (each key run again). Every operation after it, reads and the readiness ping
+    too, is a StoreError naming the file, what happened and the fix; nothing is kept in
+    the lost file as if it were safe."""
+    db = tmp_path / "gateway.db"
+    store = SqliteStore(StoreConfig(url=f"sqlite://{db}"))
+    await store.start()
+    try:
+        kept = ref()
+        assert await store.claim(kept, "run-1", "fp", 30) is None
+        damage(db)
+        for attempt in (
+            store.claim(ref(), "run-2", "fp", 30),
+            store.get(kept),
+            store.ping(),
+        ):
+            with pytest.raises(StoreError, match=said) as raised:
+                await attempt
+            assert str(db) in str(raised.value) and "restart" in str(raised.value)
+    finally:
+        await store.close()
+
+
+async def test_what_else_is_in_the_notice_folder_fails_no_write(tmp_path: Path) -> None:
+    """Entries in the notice folder named like sockets but that are not a worker's (a
+    folder, a file, a socket nobody reads from, nor binds any more): a completion is
+    still answered, the other store still hears of it, and nothing but a dead socket
+    is removed."""
+    url = f"sqlite://{tmp_path / 'gateway.db'}"
+    a, b = SqliteStore(StoreConfig(url=url)), SqliteStore(StoreConfig(url=url))
+    await a.start()
+    await b.start()
+    folder = tmp_path / "gateway.db-notices"
+    for name in ("0-folder.sock", "~-folder.sock"):  # listed before and after the workers'
+        (folder / name).mkdir()
+    (folder / "0-file.sock").write_text("not a socket")
+    gone = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    gone.bind(str(folder / "0-gone.sock"))
+    gone.close()  # a worker killed before it removed its socket
+    a.notices._peers_at = -10.0  # list the folder again now
+    try:
+        for _ in range(3):
+            r = ref()
+            assert await a.claim(r, "run-1", "fp", 30) is None
+            with b.notifier.watch(r.digest) as watch:
+                assert await a.complete(r, "run-1", RESPONSE, 60)
+                async with asyncio.timeout(5):
+                    await watch.wait()
+        left = sorted(p.name for p in folder.iterdir())
+        assert {"0-folder.sock", "~-folder.sock", "0-file.sock"} <= set(left)
+        assert "0-gone.sock" not in left
+    finally:
+        await a.close()
+        await b.close()

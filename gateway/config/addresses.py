@@ -100,6 +100,10 @@ def store_url_problem(url: str) -> str | None:
         parts.port  # noqa: B018 -- accessing it validates the port
     except ValueError as exc:
         return f"{shown} is not a URL ({exc}); write {example}"
+    written = url.partition("://")[0]
+    if written != parts.scheme and written.lower() in _STORE_SCHEMES:
+        # urlsplit lowers the scheme, but the store is chosen by the URL as written.
+        return f'{shown}: write the scheme in lower case: "{written.lower()}://"'
     if parts.scheme not in _STORE_SCHEMES or "://" not in url:
         message = f"{shown}: the store URL must start with memory://, redis://, "
         message += f"rediss://, unix://, postgresql://, postgres:// or sqlite://; write {example}"
@@ -134,6 +138,11 @@ def _sqlite_problem(url: str, shown: str) -> str | None:
         return f"{shown} names no file; write e.g. {example}"
     if any(char in path for char in "?#") or any(ord(char) < 32 for char in path):
         return f"{shown}: the path may not hold ?, # or control characters; write e.g. {example}"
+    if path == "~" or path.startswith("~/"):
+        return (
+            f"{shown}: ~ is not expanded (it would name a folder called ~); write the whole "
+            "path, e.g. sqlite://${HOME}/gateway.db"
+        )
     return None
 
 

@@ -222,4 +222,31 @@ MUTANTS = [
         breaks="the image keeps the SQLite file in the container's layer: a new container "
         "starts empty and runs every completed key again",
     ),
+    Mutant(
+        name="sqlite-file-swapped-unnoticed",
+        path=DATABASE,
+        old="        lost = self.watch.check()\n",
+        new='        lost = ""\n',
+        tests=(f"{SQLITE}::test_a_file_deleted_or_replaced_under_the_store_refuses_every_write",),
+        breaks="the file deleted, replaced or truncated under a running gateway: it goes on "
+        "committing to a file no restart finds, and every key it held runs again",
+    ),
+    Mutant(
+        name="sqlite-notice-removes-any-entry",
+        path=NOTICES,
+        old="            if stat.S_ISSOCK(path.lstat().st_mode):\n",
+        new="            if True:\n",
+        tests=(f"{SQLITE}::test_what_else_is_in_the_notice_folder_fails_no_write",),
+        breaks="a send that fails removes whatever the folder holds under that name, not "
+        "only a dead worker's socket",
+    ),
+    Mutant(
+        name="sqlite-notice-skips-the-peer-after-junk",
+        path=NOTICES,
+        old="        for peer in list(self._others()):",
+        new="        for peer in self._others():",
+        tests=(f"{SQLITE}::test_what_else_is_in_the_notice_folder_fails_no_write",),
+        breaks="an entry dropped from the list of peers while it is walked skips the next "
+        "one: a worker is not told of a completion and its waiters sleep to the fallback",
+    ),
 ]

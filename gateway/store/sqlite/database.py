@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -63,6 +64,73 @@ def describe(exc: sqlite3.Error) -> str:
         return _WRITE_REFUSED[primary]
     name = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
     return f"SQLite error {name}"
+
+
+class FileWatch:
+    """Whether the file at `path` is still the one the store's connection writes.
+
+    A connection keeps the file it opened: deleted, replaced (a backup restored over
+    it, a `mv`) or truncated under a running gateway, SQLite goes on committing to what
+    it holds open, and every later open of the path (a restart, another worker) finds
+    none of it: each key it held runs again. Its write-ahead log deleted loses the
+    commits not yet copied into the file the same way. None of this can be undone from
+    inside, so once seen every operation is refused (503, or fail_open) until the
+    gateway is restarted, and the readiness check fails."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.wal = path.with_name(path.name + "-wal")
+        self._file: tuple[int, int] | None = None
+        self._wal: tuple[int, int] | None = None
+        self._size = 0
+        #: why the file is not the store's any more, once seen ("" while it is)
+        self.lost = ""
+
+    def start(self) -> None:
+        """Note the file the connection opened (after it opened it)."""
+        found = os.stat(self.path)
+        self._file = (found.st_dev, found.st_ino)
+        self._size = found.st_size
+
+    def check(self) -> str:
+        """Why the file is not the store's any more ("" while it is)."""
+        if self.lost or self._file is None:
+            return self.lost
+        try:
+            found = os.stat(self.path)
+        except FileNotFoundError:
+            return self._lose("was deleted")
+        except OSError:
+            return ""  # not readable now (a permission): SQLite's own errors say so
+        if (found.st_dev, found.st_ino) != self._file:
+            return self._lose("was replaced by another file")
+        if found.st_size < self._size:
+            # The store never shrinks its file (no VACUUM): only a truncation does.
+            return self._lose(f"was truncated (from {self._size} to {found.st_size} bytes)")
+        self._size = found.st_size
+        try:
+            wal = os.stat(self.wal)
+        except FileNotFoundError:
+            # SQLite removes the log only when the last connection closes, and this
+            # one is open: gone after it was seen, someone removed it.
+            return self._lose("lost its write-ahead log (-wal)") if self._wal else ""
+        except OSError:
+            return ""
+        if self._wal is None:
+            self._wal = (wal.st_dev, wal.st_ino)
+        elif (wal.st_dev, wal.st_ino) != self._wal:
+            return self._lose("lost its write-ahead log (-wal, replaced)")
+        return ""
+
+    def _lose(self, what: str) -> str:
+        self.lost = (
+            f"the SQLite store's file {self.path} {what} while the gateway ran: what is "
+            "written now would be lost, so nothing is. Restore the file (and its -wal) "
+            "from a backup and restart the gateway; a restart without it starts an empty "
+            "store, and the keys it held run again"
+        )
+        log.error("%s", self.lost)
+        return self.lost
 
 
 class _Stop:
@@ -117,6 +185,7 @@ class Database:
         self._queue: queue.SimpleQueue[_Call | _Stop] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._opened: Future[None] = Future()
+        self.watch = FileWatch(path)
         #: the answers of the batch under way, handed to the loop in one wake-up
         self._answers: list[tuple[_Call, Any, BaseException | None]] = []
         #: transactions committed and operations they carried (the group commit's figure)
@@ -171,6 +240,14 @@ class Database:
         except BaseException as exc:
             conn.close()
             self._opened.set_exception(exc)
+            return
+        try:
+            self.watch.start()
+        except OSError as exc:
+            conn.close()
+            self._opened.set_exception(
+                StoreError(f"the SQLite store cannot open {self.path}: {exc.strerror or exc}")
+            )
             return
         self._opened.set_result(None)
         try:
@@ -236,6 +313,12 @@ class Database:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             self._answers += [(call, None, exc) for call in batch]
+            return []
+        # Under the write lock: no other worker's checkpoint or commit moves the files.
+        lost = self.watch.check()
+        if lost:
+            conn.execute("ROLLBACK")
+            self._answers += [(call, None, StoreError(lost)) for call in batch]
             return []
         done: list[tuple[_Call, Any, BaseException | None]] = []
         for i, call in enumerate(batch):

@@ -183,16 +183,32 @@ class SqliteNotices:
         if self._sock is None or not (effects.changed or effects.due or effects.taken):
             return
         data = encode(effects)
-        for peer in self._others():
+        for peer in list(self._others()):  # a dead one is dropped from the list
             try:
                 self._sock.sendto(data, self._address(peer))
                 self.sent += 1
             except (ConnectionRefusedError, FileNotFoundError):
                 # Its process is gone (killed before it could remove its socket).
-                (self.folder / peer).unlink(missing_ok=True)
-                self._peers_at = -PEERS_TTL
+                self._remove_dead(peer)
             except OSError:
                 self.dropped += 1  # a full buffer: at most once, the listener re-reads
+
+    def _remove_dead(self, peer: str) -> None:
+        """Remove a dead worker's socket. The commit is made and its callers wait for
+        their answers: nothing found in the folder (a folder or file named like a
+        socket, one that cannot be removed) may fail them or stop the notice reaching
+        the other workers, and only a socket is removed."""
+        path = self.folder / peer
+        try:
+            if stat.S_ISSOCK(path.lstat().st_mode):
+                path.unlink()
+                self._peers_at = -PEERS_TTL
+                return
+        except OSError:
+            pass
+        # Not a socket, or not removable: left alone, skipped until the next listing.
+        if peer in self._peers:
+            self._peers.remove(peer)
 
     def _others(self) -> list[str]:
         now = time.monotonic()
