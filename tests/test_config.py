@@ -885,6 +885,8 @@ def test_server_and_admin_on_the_same_address() -> None:
         ("Memory://", 'in lower case: "memory://"'),
         ("PostgreSQL://db/gateway", 'in lower case: "postgresql://"'),
         ("sqlite://~/gw.db", "~ is not expanded"),
+        ("sqlite:///:memory:", "a file called :memory:"),
+        ("sqlite://data/:memory:", "a file called :memory:"),
     ],
 )
 def test_bad_store_url(url: str, expected: str) -> None:

@@ -138,6 +138,11 @@ def _sqlite_problem(url: str, shown: str) -> str | None:
         return f"{shown} names no file; write e.g. {example}"
     if any(char in path for char in "?#") or any(ord(char) < 32 for char in path):
         return f"{shown}: the path may not hold ?, # or control characters; write e.g. {example}"
+    if path.rsplit("/", 1)[-1] == ":memory:":
+        return (
+            f"{shown} would be a file called :memory:, not SQLite's in-memory database; "
+            f"for records kept in memory write memory://, else a file, e.g. {example}"
+        )
     if path == "~" or path.startswith("~/"):
         return (
             f"{shown}: ~ is not expanded (it would name a folder called ~); write the whole "
