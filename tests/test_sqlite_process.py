@@ -384,3 +384,55 @@ def test_a_default_file_that_cannot_be_opened_names_store_url(
     said = refused_start(config)
     assert str(tmp_path / "idempotency-gateway.db") in said
     assert "it is the default store (no store.url): set store.url" in said
+
+
+@pytest.mark.slow
+async def test_a_file_locked_while_running_is_a_503_then_service_resumes(
+    tmp_path: Path, upstream: Process
+) -> None:
+    """Another program takes the file's write lock while the gateway runs (a backup, a
+    sqlite3 shell left in a transaction): past store.socket_timeout a new key is
+    answered 503 problem+json and never forwarded; once the lock is let go the same
+    key runs once, and a key completed before the lock still replays."""
+    database = tmp_path / "gateway.db"
+    config, port = write_config(tmp_path, upstream, database, socket_timeout="1s")
+    gateway = gateway_process(config, port)
+    for_this_test(gateway)
+    gateway.start()
+    done, held = unique("sq-before-lock"), unique("sq-during-lock")
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
+        first = await client.post(PATH, content=b"{}", headers={"Idempotency-Key": done})
+        assert first.status_code == 200, first.text
+        holder = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sqlite3, sys\n"
+                "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+                "c.execute('BEGIN EXCLUSIVE'); print('held', flush=True)\n"
+                "sys.stdin.readline()",
+                str(database),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+            refused = await client.post(PATH, content=b"{}", headers={"Idempotency-Key": held})
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["content-type"] == "application/problem+json"
+            assert "locked" not in refused.text.lower()  # the driver's words stay in the log
+        finally:
+            assert holder.stdin is not None
+            holder.stdin.close()  # the holder's readline ends: it exits, letting go
+            holder.wait(10)
+            if holder.stdout is not None:
+                holder.stdout.close()
+        assert await upstream_count(upstream, held) == 0
+        ran = await client.post(PATH, content=b"{}", headers={"Idempotency-Key": held})
+        assert ran.status_code == 200, ran.text
+        again = await client.post(PATH, content=b"{}", headers={"Idempotency-Key": done})
+    assert again.headers["idempotent-replayed"] == "true" and again.content == first.content
+    assert await upstream_count(upstream, held) == 1
+    assert await upstream_count(upstream, done) == 1

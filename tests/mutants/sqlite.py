@@ -249,4 +249,13 @@ MUTANTS = [
         breaks="an entry dropped from the list of peers while it is walked skips the next "
         "one: a worker is not told of a completion and its waiters sleep to the fallback",
     ),
+    Mutant(
+        name="sqlite-driver-error-escapes",
+        path=DATABASE,
+        old="        except (sqlite3.Error, OverflowError) as exc:",
+        new="        except OverflowError as exc:",
+        tests=(f"{PROCESS}::test_a_file_locked_while_running_is_a_503_then_service_resumes",),
+        breaks="a file locked by another program past the timeout is the driver's error, "
+        "not a store error: an answer that is not the route's 503",
+    ),
 ]
