@@ -29,7 +29,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import random
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
@@ -625,8 +625,9 @@ class PartsStore(Store):
     listing: ListingPart
     operators: OperatorRoster
 
-    async def accept(self, delivery: NewDelivery) -> Accepted:
-        return await self.deliveries.accept(delivery)
+    def accept(self, delivery: NewDelivery) -> Coroutine[Any, Any, Accepted]:
+        # The part's own coroutine, not one more awaiting it: every 202's path.
+        return self.deliveries.accept(delivery)
 
     async def pick(
         self,

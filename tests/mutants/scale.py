@@ -144,8 +144,8 @@ MUTANTS = [
     Mutant(
         name="cluster-accept-takes-no-mark",
         path="gateway/store/redis/delivery.py",
-        old='"" if taken else "0", origin, expired',
-        new='"", origin, expired',
+        old='await self._accept(delivery, "" if taken else "0")',
+        new='await self._accept(delivery, "")',
         tests=(
             C + "test_accept_admits_exactly_the_limit_of_a_burst[cluster]",
             P + BURST + "[cluster]",
