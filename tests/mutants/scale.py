@@ -125,8 +125,8 @@ MUTANTS = [
     Mutant(
         name="admission-not-the-stores",
         path="gateway/engine/core.py",
-        old="            limit=route.delivery.max_queued,\n",
-        new="            limit=None,\n",
+        old="                route.delivery.max_queued,\n",
+        new="                None,\n",
         tests=(
             D + "test_a_burst_of_new_keys_is_admitted_up_to_max_queued_exactly",
             D + "test_queue_full_refuses_new_keys_only",

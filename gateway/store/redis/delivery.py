@@ -120,17 +120,18 @@ class RedisDeliveries:
                 await admission.drop(ref.route, ref.digest)
 
     async def _accept(self, delivery: NewDelivery, bound: str) -> Accepted:
-        ref, run_id = delivery.ref, delivery.run_id
+        # One unpacking: a NamedTuple's fields read by name are each a descriptor call.
+        ref, run_id, fingerprint, request, token, _, origin, expired = delivery
         args = (
             run_id,
-            delivery.fingerprint,
+            fingerprint,
             ref.route,
             ref.key,
-            self.codec.encode_request(ref.digest, delivery.request),
-            self.codec.encode_token(ref.digest, delivery.token),
+            self.codec.encode_request(ref.digest, request),
+            self.codec.encode_token(ref.digest, token),
             bound,
-            delivery.expired,
-            delivery.origin,
+            expired,
+            origin,
         )
         acked = None
         if self.wait_for_replicas:
