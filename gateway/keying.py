@@ -38,11 +38,6 @@ _UNPARSED: Any = object()
 # Unicode category Cc is exactly C0, DEL and C1.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
-#: A key written in a header as it is: printable ASCII but `%` (the mark of the other
-#: spelling) and `"` and `\` (a reader of the Idempotency-Key draft takes `"x"` for
-#: the structured-field string `x`, as extract_key does), no space at either end
-#: (HTTP trims it from a field value).
-_HEADER_AS_IS = re.compile(r"[!#$&-\[\]-~](?:[ !#$&-\[\]-~]*[!#$&-\[\]-~])?")
 _SF_STRING = re.compile(r'"((?:[^"\\]|\\["\\])*)"')
 _SF_ESCAPE = re.compile(r'\\(["\\])')
 #: A JSON string, or what is left of one that never closes: it matches wherever a `"`
@@ -428,7 +423,21 @@ def key_header_value(key: str) -> str:
     and the spelling names one key, since a key sent as it is never holds a `%` and
     an encoded one always does; nor is a spelling ever a quoted string, which a
     reader of the Idempotency-Key draft (this gateway too) would unquote."""
-    if _HEADER_AS_IS.fullmatch(key):
+    # As it is: printable ASCII (space to `~`) but `%` (the mark of the other spelling)
+    # and `"` and `\` (a reader of the Idempotency-Key draft takes `"x"` for the
+    # structured-field string `x`, as extract_key does), not empty, no space at either
+    # end (HTTP trims it from a field value). String methods, not a pattern: every
+    # forward asks, and they cost about half a regex's match.
+    if (
+        key != ""
+        and key.isascii()
+        and key.isprintable()
+        and key[0] != " "
+        and key[-1] != " "
+        and "%" not in key
+        and '"' not in key
+        and "\\" not in key
+    ):
         return key
     return quote(key, safe="")
 

@@ -203,13 +203,19 @@ def _fields(meta: bytes, count: int) -> list[Any]:
 
 
 def _pairs(headers: Any) -> tuple[tuple[str, str], ...]:
-    """Stored headers, `[[name, value], ...]` of text; ValueError for anything else."""
-    if not isinstance(headers, list) or not all(
-        isinstance(h, list) and len(h) == 2 and isinstance(h[0], str) and isinstance(h[1], str)
-        for h in headers
-    ):
+    """Stored headers, `[[name, value], ...]` of text; ValueError for anything else.
+    A loop, not all() over a generator: every replay reads its headers here."""
+    if not isinstance(headers, list):
         raise ValueError("headers are not pairs of text")
-    return tuple((name, value) for name, value in headers)
+    pairs = []
+    for pair in headers:
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise ValueError("headers are not pairs of text")
+        name, value = pair
+        if not (isinstance(name, str) and isinstance(value, str)):
+            raise ValueError("headers are not pairs of text")
+        pairs.append((name, value))
+    return tuple(pairs)
 
 
 #: What a history stands as when it cannot be read (its one event, `unreadable`).

@@ -246,15 +246,15 @@ class Engine:
         its status URL; a repeat gets the same 202 with the current state."""
         run_id, token = delivery_ids()
         accepted = await self.store.accept(
-            NewDelivery(
+            NewDelivery(  # limit, origin, expired: positional, as a keyword call costs more
                 ref,
                 run_id,
                 fp,
                 stored_request(route, parts, origin),
                 token,
-                limit=route.delivery.max_queued,
-                origin=self.replica,
-                expired=EXPIRED_POLICY[route.on_unknown_outcome],
+                route.delivery.max_queued,
+                self.replica,
+                EXPIRED_POLICY[route.on_unknown_outcome],
             )
         )
         record, outcome = accepted.record, "replayed"

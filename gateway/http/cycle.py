@@ -70,11 +70,16 @@ def http_date() -> bytes:
     return _date_value
 
 
+#: uvicorn's status lines, one for every code from 100 to 599 (the reason phrase empty
+#: where HTTP names none), of the codes that are an HTTP status (records.is_status):
+#: filtered once here rather than checked on every answer.
+_STATUS_LINES = {code: line for code, line in STATUS_LINE.items() if is_status(code)}
+
+
 def status_line(status: int) -> bytes:
-    """The status line of an answer the gateway writes: uvicorn's, which has one for
-    every code from 100 to 599, the reason phrase empty where HTTP names none. Any
-    other code is no HTTP status (records.is_status) and is never written: ValueError."""
-    line = STATUS_LINE.get(status) if is_status(status) else None
+    """The status line of an answer the gateway writes. Any code but 100 to 599 is no
+    HTTP status (records.is_status) and is never written: ValueError."""
+    line = _STATUS_LINES.get(status)
     if line is None:
         raise ValueError(f"{status} is no HTTP status (100 to 599); it is never sent")
     return line

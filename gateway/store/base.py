@@ -32,7 +32,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import random
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
@@ -656,8 +656,9 @@ class PartsStore(Store):
     listing: ListingPart
     operators: OperatorRoster
 
-    async def accept(self, delivery: NewDelivery) -> Accepted:
-        return await self.deliveries.accept(delivery)
+    def accept(self, delivery: NewDelivery) -> Coroutine[Any, Any, Accepted]:
+        # The part's own coroutine, not one more awaiting it: every 202's path.
+        return self.deliveries.accept(delivery)
 
     async def pick(
         self,

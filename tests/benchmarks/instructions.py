@@ -19,6 +19,8 @@ replacing them. Needs valgrind, nginx and redis-server. WORKLOADS=unique,same,ac
 selects (default unique,same: trees from before asynchronous delivery lack `accept`).
 REDIS=1 runs redis-server under callgrind too and counts its instructions per request
 over the same requests (the scripts' work, which shares the machine's cores).
+KEEP=dir copies each counted dump there as `<tree's basename>-<workload>.out`, for
+`callgrind_annotate --inclusive=yes`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import functools
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -47,6 +50,7 @@ WORKLOADS = os.environ.get("WORKLOADS", "unique,same").split(",")
 
 
 COUNT_REDIS = os.environ.get("REDIS", "") == "1"
+KEEP = os.environ.get("KEEP", "")
 #: what each workload's answers start with
 STATUS = {"unique": b"http/1.1 200", "same": b"http/1.1 200", "replay": b"http/1.1 200"}
 STATUS["accept"] = b"http/1.1 202"
@@ -107,9 +111,13 @@ def load(port: int, n: int, mode: str, prefix: str = "") -> None:
         raise errors[0]
 
 
+def newest_dump(out: Path) -> Path:
+    return max(out.parent.glob(out.name + ".*"), key=lambda f: f.stat().st_mtime_ns)
+
+
 def ir_last_dump(out: Path) -> int:
     """The newest dump's count (each `callgrind_control -d` holds what ran since the last)."""
-    newest = max(out.parent.glob(out.name + ".*"), key=lambda f: f.stat().st_mtime_ns)
+    newest = newest_dump(out)
     counts = [
         int(line.split()[1])
         for line in newest.read_text().splitlines()
@@ -265,6 +273,10 @@ def main() -> None:
                     results[(src, mode, "redis")] = counts[1] / n
                     line += f", redis-server {results[(src, mode, 'redis')]:,.0f}"
                 print(f"{line} ({elapsed:.0f}s)", flush=True)
+                if KEEP:
+                    Path(KEEP).mkdir(parents=True, exist_ok=True)
+                    kept = Path(KEEP) / f"{Path(src).name}-{mode}.out"
+                    shutil.copyfile(newest_dump(out), kept)
                 procs.stop(gw)
         for mode in WORKLOADS:
             base = results[(SRCS[0], mode)]

@@ -153,8 +153,8 @@ MUTANTS = [
     Mutant(
         name="key-spelling-ambiguous",
         path="gateway/keying.py",
-        old='_HEADER_AS_IS = re.compile(r"[!#$&-\\[\\]-~](?:[ !#$&-\\[\\]-~]*[!#$&-\\[\\]-~])?")\n',
-        new='_HEADER_AS_IS = re.compile(r"[!-~](?:[ !-~]*[!-~])?")\n',
+        old='        and "%" not in key\n',
+        new="",
         tests=(SPELLING + "test_two_keys_never_share_a_spelling",),
         breaks="the key 'café' and the ASCII key 'caf%C3%A9' reach the upstream as one "
         "Idempotency-Key, and its own dedupe merges two jobs",
@@ -162,8 +162,8 @@ MUTANTS = [
     Mutant(
         name="key-spelling-a-quoted-string",
         path="gateway/keying.py",
-        old='_HEADER_AS_IS = re.compile(r"[!#$&-\\[\\]-~](?:[ !#$&-\\[\\]-~]*[!#$&-\\[\\]-~])?")\n',
-        new='_HEADER_AS_IS = re.compile(r"[!-$&-~](?:[ !-$&-~]*[!-$&-~])?")\n',
+        old="        and '\"' not in key\n",
+        new="",
         tests=(SPELLING + "test_a_reader_of_the_header_tells_every_two_keys_apart",),
         breaks='the key \'"x"\' is sent as the quoted string "x", which a reader of the '
         "Idempotency-Key draft takes for the key 'x': two jobs look like one upstream",

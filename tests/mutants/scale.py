@@ -125,8 +125,8 @@ MUTANTS = [
     Mutant(
         name="admission-not-the-stores",
         path="gateway/engine/core.py",
-        old="            limit=route.delivery.max_queued,\n",
-        new="            limit=None,\n",
+        old="                route.delivery.max_queued,\n",
+        new="                None,\n",
         tests=(
             D + "test_a_burst_of_new_keys_is_admitted_up_to_max_queued_exactly",
             D + "test_queue_full_refuses_new_keys_only",
@@ -144,8 +144,8 @@ MUTANTS = [
     Mutant(
         name="cluster-accept-takes-no-mark",
         path="gateway/store/redis/delivery.py",
-        old='"" if taken else "0", origin, expired',
-        new='"", origin, expired',
+        old='await self._accept(delivery, "" if taken else "0")',
+        new='await self._accept(delivery, "")',
         tests=(
             C + "test_accept_admits_exactly_the_limit_of_a_burst[cluster]",
             P + BURST + "[cluster]",

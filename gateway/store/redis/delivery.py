@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
@@ -35,7 +35,6 @@ from gateway.errors import StoreError
 from gateway.records import KeyRef, State, StoredRequest
 from gateway.store.base import (
     Accepted,
-    ExpiredPolicy,
     NewDelivery,
     Opener,
     PickResult,
@@ -94,29 +93,23 @@ class RedisDeliveries:
     async def _now(self) -> int:
         return await server_now_ms(self.client)
 
-    async def accept(self, delivery: NewDelivery) -> Accepted:
-        ref, run_id, fingerprint, request, token = (
-            delivery.ref,
-            delivery.run_id,
-            delivery.fingerprint,
-            delivery.request,
-            delivery.token,
-        )
-        limit, origin, expired = delivery.limit, delivery.origin, delivery.expired
+    def accept(self, delivery: NewDelivery) -> Coroutine[Any, Any, Accepted]:
+        # On one server the accept itself, not one more coroutine awaiting it: this is
+        # every 202's path.
         if self.admission is None:
-            bound = "" if limit is None else str(limit)
-            return await self._accept(
-                ref, run_id, fingerprint, request, token, bound, origin, expired
-            )
+            limit = delivery.limit
+            return self._accept(delivery, "" if limit is None else str(limit))
+        return self._admitted(delivery, self.admission)
+
+    async def _admitted(self, delivery: NewDelivery, admission: ClusterAdmission) -> Accepted:
         # A Cluster: the route's slot decides first, and a mark taken here is given
         # back unless the delivery it admits waits (a failed accept, a refused one,
         # a key found settled), or every failure would shrink the bound for good.
-        taken = await self.admission.take(ref.route, ref.digest, limit)
+        ref = delivery.ref
+        taken = await admission.take(ref.route, ref.digest, delivery.limit)
         keep = False
         try:
-            accepted = await self._accept(
-                ref, run_id, fingerprint, request, token, "" if taken else "0", origin, expired
-            )
+            accepted = await self._accept(delivery, "" if taken else "0")
             record = accepted.record
             keep = accepted.outcome == "queued" or (
                 record is not None and record.state in (State.QUEUED, State.RETRYING)
@@ -124,19 +117,11 @@ class RedisDeliveries:
             return accepted
         finally:
             if taken == "new" and not keep:
-                await self.admission.drop(ref.route, ref.digest)
+                await admission.drop(ref.route, ref.digest)
 
-    async def _accept(
-        self,
-        ref: KeyRef,
-        run_id: str,
-        fingerprint: str,
-        request: StoredRequest,
-        token: str,
-        bound: str,
-        origin: str,
-        expired: ExpiredPolicy,
-    ) -> Accepted:
+    async def _accept(self, delivery: NewDelivery, bound: str) -> Accepted:
+        # One unpacking: a NamedTuple's fields read by name are each a descriptor call.
+        ref, run_id, fingerprint, request, token, _, origin, expired = delivery
         args = (
             run_id,
             fingerprint,

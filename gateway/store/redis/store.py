@@ -205,11 +205,9 @@ class RedisStore(PartsStore):
     async def _run(self, name: str, ref: KeyRef, *args: Any) -> Any:
         if self._pipe is not None:
             bucket = bucket_of(ref.digest)
-            pipe = self._pipe
+            build = self._commands.command
             return await self._evalsha(
-                pipe,
-                name,
-                lambda: self._commands.command(name, bucket, ref.digest, ref.route, args),
+                self._pipe, name, build, name, bucket, ref.digest, ref.route, args
             )
         keys, head = self._keys(ref)
         return await self._run_keys(name, keys, [*head, *args])
@@ -218,12 +216,7 @@ class RedisStore(PartsStore):
         """Script `name` on `keys` (all of one slot) with `args`, over whichever
         connection this topology uses; StoreError if it fails."""
         if self._pipe is not None:
-            script = self._scripts[name]
-            return await self._evalsha(
-                self._pipe,
-                name,
-                lambda: pack_command(("EVALSHA", script.sha, len(keys), *keys, *args)),
-            )
+            return await self._evalsha(self._pipe, name, self._pack_keys, name, keys, args)
         try:
             if self._cluster_scripts is not None:
                 return await self._cluster_scripts.run(self._scripts[name], keys, args)
@@ -245,8 +238,16 @@ class RedisStore(PartsStore):
         except RedisError as exc:
             raise StoreError.because(f"redis {name} failed", exc) from exc
 
-    async def _evalsha(self, pipe: RespConnection, name: str, build: Callable[[], bytes]) -> Any:
-        command = build()
+    def _pack_keys(self, name: str, keys: list[str], args: list[Any]) -> bytes:
+        return pack_command(("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args))
+
+    async def _evalsha(
+        self, pipe: RespConnection, name: str, build: Callable[..., bytes], *parts: Any
+    ) -> Any:
+        """Script `name` on `pipe`, its command `build(*parts)` (built again with the
+        sha Redis gives a script it had to load). The parts are passed, not captured
+        in a closure: this runs on every request's path."""
+        command = build(*parts)
         retried = loaded = False
         while True:
             try:
@@ -257,7 +258,7 @@ class RedisStore(PartsStore):
                     # A restarted or flushed Redis: load the script, then run it
                     # (with the sha Redis gave it, should that be another).
                     self._commands.loaded(name, await self._load(pipe, name))
-                    command = build()
+                    command = build(*parts)
                     loaded = True
                     continue
                 if message.startswith("READONLY") and not retried:
