@@ -249,7 +249,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     config = _load(args.config)
     setup_logging(args.log_level, config.server.log_format, config.server.access_log)
-    _run_loop(serve(config, config_path=args.config, sockets=worker_sockets(args.fds)))
+    sockets, supervisor_fd = worker_sockets(args.fds)
+    _run_loop(serve(config, config_path=args.config, sockets=sockets, supervisor_fd=supervisor_fd))
     return 0
 
 

@@ -12,6 +12,11 @@ restarts a worker that dies, and passes signals on:
   policies without dropping requests in flight; an invalid one is rejected with the
   reason in the log, and the old config stays.
 
+A worker whose supervisor is gone (SIGKILLed, crashed) stops as on SIGTERM: each
+holds the read end of a pipe whose only write end is the supervisor's, and the
+kernel closes that end when the supervisor dies. Left running, orphaned workers
+would go on answering on the shared listeners with nobody to restart or stop them.
+
 Metrics across workers use prometheus-client's multiprocess mode: each worker writes
 its samples to files in PROMETHEUS_MULTIPROC_DIR, and whichever worker answers a
 scrape adds them up, so every request is counted exactly once.
@@ -113,6 +118,7 @@ async def serve(
     *,
     config_path: str | None = None,
     sockets: tuple[socket.socket, socket.socket] | None = None,
+    supervisor_fd: int | None = None,
 ) -> None:
     gateway = Gateway(config)
     await gateway.start()
@@ -138,6 +144,14 @@ async def serve(
         loop.add_signal_handler(sig, stopping.set)
     if config_path is not None:
         loop.add_signal_handler(signal.SIGHUP, _reload, gateway, config_path)
+    if supervisor_fd is not None:
+
+        def supervisor_gone() -> None:  # nothing is written: readable means EOF
+            loop.remove_reader(supervisor_fd)
+            log.warning("the supervisor is gone: this worker stops as on SIGTERM")
+            stopping.set()
+
+        loop.add_reader(supervisor_fd, supervisor_gone)
 
     servers = [
         asyncio.create_task(proxy.serve(sockets=[sockets[0]] if sockets else None)),
@@ -196,7 +210,10 @@ def supervise(config: Config, config_path: str, workers: int) -> int:
     from prometheus_client import multiprocess
 
     proxy_sock, admin_sock = _bind(config.server.listen), _bind(config.admin.listen)
-    fds = f"{proxy_sock.fileno()},{admin_sock.fileno()}"
+    # The write end is not inheritable: only this process holds it, so its death is
+    # each worker's EOF (a sibling holding it would keep the pipe open).
+    alive_read, alive_write = os.pipe()
+    fds = f"{proxy_sock.fileno()},{admin_sock.fileno()},{alive_read}"
     owned_dir = "PROMETHEUS_MULTIPROC_DIR" not in os.environ
     metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
         prefix="gateway-metrics-"
@@ -209,7 +226,7 @@ def supervise(config: Config, config_path: str, workers: int) -> int:
 
     def spawn() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            command, pass_fds=(proxy_sock.fileno(), admin_sock.fileno()), env=env
+            command, pass_fds=(proxy_sock.fileno(), admin_sock.fileno(), alive_read), env=env
         )
 
     flags = {"stop": False, "reload": False}
@@ -263,12 +280,17 @@ def supervise(config: Config, config_path: str, workers: int) -> int:
                 child.wait()
         proxy_sock.close()
         admin_sock.close()
+        os.close(alive_read)
+        os.close(alive_write)
         if owned_dir:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     log.info("supervisor stopped")
     return 0
 
 
-def worker_sockets(fds: str) -> tuple[socket.socket, socket.socket]:
-    proxy_fd, admin_fd = (int(fd) for fd in fds.split(","))
-    return socket.socket(fileno=proxy_fd), socket.socket(fileno=admin_fd)
+def worker_sockets(fds: str) -> tuple[tuple[socket.socket, socket.socket], int | None]:
+    """The listeners a supervisor passed (`--fds proxy,admin[,alive]`), and the read end
+    of its pipe whose EOF says it is gone (None when not given)."""
+    proxy_fd, admin_fd, *alive = (int(fd) for fd in fds.split(","))
+    sockets = socket.socket(fileno=proxy_fd), socket.socket(fileno=admin_fd)
+    return sockets, (alive[0] if alive else None)

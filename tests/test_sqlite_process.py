@@ -436,3 +436,52 @@ async def test_a_file_locked_while_running_is_a_503_then_service_resumes(
     assert again.headers["idempotent-replayed"] == "true" and again.content == first.content
     assert await upstream_count(upstream, held) == 1
     assert await upstream_count(upstream, done) == 1
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes `pid` started (Linux's /proc), e.g. a supervisor's workers."""
+    found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(child) for child in found]
+
+
+def alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status  # a zombie has exited, its parent not told yet
+
+
+@pytest.mark.slow
+async def test_workers_stop_when_their_supervisor_is_killed(
+    tmp_path: Path, upstream: Process
+) -> None:
+    """`run --workers 2` whose supervisor is SIGKILLed (and nothing else): its workers
+    notice and stop, as on SIGTERM, instead of answering on the shared listener with
+    nobody to restart or stop them."""
+    database = tmp_path / "gateway.db"
+    config, port = write_config(tmp_path, upstream, database)
+    gateway = gateway_process(config, port)
+    gateway.args += ["--workers", "2"]
+    for_this_test(gateway)
+    gateway.start()
+    assert gateway.proc is not None
+    deadline = time.monotonic() + 30
+    while len(workers := children_of(gateway.proc.pid)) < 2:
+        assert time.monotonic() < deadline, "the workers never started"
+        await asyncio.sleep(0.1)
+    key = unique("sq-orphan")
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
+        answer = await client.post(PATH, content=b"{}", headers={"Idempotency-Key": key})
+    assert answer.status_code == 200, answer.text
+    os.kill(gateway.proc.pid, signal.SIGKILL)  # the supervisor alone
+    gateway.proc.wait(10)
+    deadline = time.monotonic() + 30
+    try:
+        while any(alive(pid) for pid in workers):
+            assert time.monotonic() < deadline, f"orphaned workers still running: {workers}"
+            await asyncio.sleep(0.2)
+    finally:
+        for pid in workers:  # this test's own processes, if the assertion above failed
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -124,4 +124,13 @@ MUTANTS = [
         breaks="a release that ran before the late claim it undoes is taken as done: the "
         "claim lands after it and holds the key until its lease ends",
     ),
+    Mutant(
+        name="orphaned-workers-keep-serving",
+        path="gateway/cli.py",
+        old="sockets=sockets, supervisor_fd=supervisor_fd)",
+        new="sockets=sockets, supervisor_fd=None)",
+        tests=("tests/test_sqlite_process.py::test_workers_stop_when_their_supervisor_is_killed",),
+        breaks="workers of a SIGKILLed supervisor go on answering on the shared listener "
+        "with nobody to restart or stop them",
+    ),
 ]
