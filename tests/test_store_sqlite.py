@@ -18,6 +18,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -135,6 +136,53 @@ async def test_one_failing_operation_fails_alone(make_store: Callable[[], Store]
         record = await store.get(r)
         assert record is not None and record.state is State.COMPLETED
     finally:
+        await store.close()
+
+
+async def test_an_operation_failing_half_way_in_a_batch_is_undone_alone(
+    make_store: Callable[[], Store],
+) -> None:
+    """A claim, an operation that writes and then fails, and a completion, in one
+    batch: the batch runs again in savepoints, so the failed operation's write is gone,
+    the claim and the completion commit in one transaction, and each caller has its
+    own answer."""
+    store = make_store()
+    assert isinstance(store, SqliteStore)
+    await store.start()
+    try:
+        r = ref()
+        held, release = threading.Event(), threading.Event()
+
+        def hold(conn: sqlite3.Connection, now: int, fx: Effects) -> None:
+            held.set()
+            release.wait(10)
+
+        def broken(conn: sqlite3.Connection, now: int, fx: Effects) -> None:
+            fx.changed.append(("broken", None))
+            conn.execute("INSERT INTO gateway_roster (entry, mark, since_ms) VALUES ('x', 'y', 1)")
+            raise ValueError("a fault after a write")
+
+        holding = asyncio.ensure_future(store.run(hold, "hold"))
+        while not held.is_set():
+            await asyncio.sleep(0.001)
+        before = store.db.commits
+        calls = [
+            asyncio.ensure_future(store.claim(r, "run-1", "fp", 30)),
+            asyncio.ensure_future(store.run(broken, "broken")),
+            asyncio.ensure_future(store.complete(r, "run-1", RESPONSE, 60)),
+        ]
+        await asyncio.sleep(0.05)  # all three wait for the thread
+        release.set()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        await holding
+        assert results[0] is None and results[2] is True
+        assert isinstance(results[1], ValueError)
+        assert store.db.commits - before == 2  # the held batch's, then the three's
+        assert await store.roster() == {}  # the failed operation's write went with it
+        record = await store.get(r)
+        assert record is not None and record.state is State.COMPLETED
+    finally:
+        release.set()
         await store.close()
 
 

@@ -49,6 +49,19 @@ MUTANTS = [
         "failed, though some were committed",
     ),
     Mutant(
+        name="sqlite-unguarded-failure-commits",
+        path=DATABASE,
+        old='                    conn.execute("ROLLBACK")\n'
+        "                    return batch, True\n",
+        new="                    pass\n",
+        tests=(
+            f"{SQLITE}::test_one_failing_operation_fails_alone",
+            f"{SQLITE}::test_an_operation_failing_half_way_in_a_batch_is_undone_alone",
+        ),
+        breaks="an operation that fails after a write, in a batch run without savepoints, "
+        "keeps that write: half an operation is committed",
+    ),
+    Mutant(
         name="sqlite-answer-to-a-gone-caller",
         path=DATABASE,
         old="        if call.future.done():\n            continue\n",

@@ -137,9 +137,16 @@ class SqliteStore(PartsStore):
 
     async def run(self, operation: Callable[[sqlite3.Connection, int, Effects], T], what: str) -> T:
         """`operation(conn, now, effects)` in a transaction; once it is committed,
-        tells the listeners of this process what it changed."""
-        effects = Effects()
-        result = await self.db.run(lambda conn: operation(conn, now_ms(), effects), what)
+        tells the listeners of this process what it changed (what its last run said:
+        an operation can run again before its commit, database.py)."""
+        runs: list[Effects] = []
+
+        def attempt(conn: sqlite3.Connection) -> T:
+            runs.append(Effects())
+            return operation(conn, now_ms(), runs[-1])
+
+        result = await self.db.run(attempt, what)
+        effects = runs[-1]
         for digest, completed in effects.changed:
             self.notifier.notify(digest, completed)
         for due in effects.due:
