@@ -186,6 +186,63 @@ async def test_an_operation_failing_half_way_in_a_batch_is_undone_alone(
         await store.close()
 
 
+async def test_a_deferred_write_runs_once_per_commit_and_goes_with_a_failure(
+    make_store: Callable[[], Store],
+) -> None:
+    """Writes deferred to the commit (a route's last success): the last one given for
+    a key is written, once; one deferred by an operation that then fails is taken
+    back with the rest of that operation, and the one before it stands."""
+    store = make_store()
+    assert isinstance(store, SqliteStore)
+    await store.start()
+    try:
+        held, release = threading.Event(), threading.Event()
+        insert = "INSERT INTO gateway_roster (entry, mark, since_ms) VALUES (?, 'm', 1)"
+
+        def hold(conn: sqlite3.Connection, now: int, fx: Effects) -> None:
+            held.set()
+            release.wait(10)
+
+        def deferring(key: str, entry: str, fails: bool) -> Callable[..., None]:
+            def op(conn: sqlite3.Connection, now: int, fx: Effects) -> None:
+                store.db.defer(key, insert, (entry,))
+                if fails:
+                    raise ValueError("a fault after a deferred write")
+
+            return op
+
+        holding = asyncio.ensure_future(store.run(hold, "hold"))
+        while not held.is_set():
+            await asyncio.sleep(0.001)
+        before = store.db.commits
+        calls = [
+            asyncio.ensure_future(store.run(deferring(key, entry, fails), entry))
+            for key, entry, fails in (
+                ("x", "first", False),
+                ("y", "replaced", False),
+                ("x", "failed", True),
+                ("y", "last", False),
+            )
+        ]
+        await asyncio.sleep(0.05)  # all four wait for the thread
+        release.set()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        await holding
+        assert [type(r).__name__ for r in results] == ["NoneType"] * 2 + [
+            "ValueError",
+            "NoneType",
+        ]
+        assert store.db.commits - before == 2
+        assert sorted(await store.roster()) == ["first", "last"]
+        r = ref()
+        assert await store.claim(r, "run-1", "fp", 30) is None
+        assert await store.complete(r, "run-1", RESPONSE, 60) is True
+        assert r.route in await store.last_successes()
+    finally:
+        release.set()
+        await store.close()
+
+
 async def test_callers_that_are_gone_leave_the_thread_serving(
     make_store: Callable[[], Store],
 ) -> None:

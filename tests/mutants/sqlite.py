@@ -62,6 +62,15 @@ MUTANTS = [
         "keeps that write: half an operation is committed",
     ),
     Mutant(
+        name="sqlite-failed-operation-keeps-its-deferred-write",
+        path=DATABASE,
+        old="            except Exception as exc:\n                self._deferred = deferred\n",
+        new="            except Exception as exc:\n",
+        tests=(f"{SQLITE}::test_a_deferred_write_runs_once_per_commit_and_goes_with_a_failure",),
+        breaks="a write an operation deferred to the commit stays though the operation "
+        "failed: a route's last success is one whose completion was undone",
+    ),
+    Mutant(
         name="sqlite-answer-to-a-gone-caller",
         path=DATABASE,
         old="        if call.future.done():\n            continue\n",

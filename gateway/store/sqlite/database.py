@@ -29,7 +29,7 @@ import logging
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -127,6 +127,8 @@ class Database:
         #: transactions committed and operations they carried (the group commit's figure)
         self.commits = 0
         self.operations = 0
+        #: the writes the transaction under way runs just before its commit (`defer`)
+        self._deferred: dict[Hashable, tuple[str, tuple[Any, ...]]] = {}
 
     async def open(self) -> None:
         """Start the thread and open the file; raises what `setup` raised (a
@@ -156,6 +158,14 @@ class Database:
             # refused by the driver before anything was written.
             reason = describe(exc) if isinstance(exc, sqlite3.Error) else "a value out of range"
             raise StoreError(f"the SQLite store at {self.path}: {what} failed: {reason}") from exc
+
+    def defer(self, key: Hashable, statement: str, parameters: tuple[Any, ...]) -> None:
+        """From an operation (on the thread): run `statement` once just before its
+        transaction commits, in place of what was deferred for `key` before in it. A
+        row that many operations of a batch would each write (a route's last success)
+        is so written once per commit; an operation that fails takes back what it
+        deferred, and a commit that fails fails its batch whole as ever."""
+        self._deferred[key] = (statement, parameters)
 
     # -- the thread ----------------------------------------------------------------
 
@@ -241,6 +251,7 @@ class Database:
         savepoint if `guarded`; what is left to run in a transaction of its own (after
         SQLite undid this one whole, or after an operation failed in one unguarded),
         and whether that one is guarded."""
+        self._deferred = {}
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
@@ -250,14 +261,17 @@ class Database:
         for i, call in enumerate(batch):
             if call.future.cancelled():
                 continue  # its caller is gone: it never runs
+            deferred = self._deferred
             try:
                 if guarded:
+                    deferred = dict(deferred)
                     conn.execute("SAVEPOINT op")
                 result = call.operation(conn)
                 if guarded:
                     conn.execute("RELEASE op")
                 done.append((call, result, None))
             except Exception as exc:
+                self._deferred = deferred
                 if not guarded and conn.in_transaction:
                     # What it wrote before it failed cannot be told from the others'
                     # writes: the batch goes whole, and runs again in savepoints. (A
@@ -279,6 +293,8 @@ class Database:
                     return batch[i + 1 :], False
                 done.append((call, None, exc))
         try:
+            for statement, parameters in self._deferred.values():
+                conn.execute(statement, parameters)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if conn.in_transaction:

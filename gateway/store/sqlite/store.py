@@ -313,7 +313,7 @@ class SqliteStore(PartsStore):
             if done is not None:
                 route, fingerprint = done
                 if success:
-                    conn.execute(_LAST_SUCCESS, (route, now))
+                    self.note_success(route, now)
                 fx.changed.append((ref.digest, (fingerprint, response)))
                 return True
             record = self.rows.read(conn, ref.digest, now)
@@ -332,11 +332,16 @@ class SqliteStore(PartsStore):
             after = self.settled(after, State.COMPLETED, now, *events, reason="")
             self.rows.write(conn, after, record, ttl=ttl, response=sealed)
             if success:
-                conn.execute(_LAST_SUCCESS, (record.route, now))
+                self.note_success(record.route, now)
             fx.changed.append((ref.digest, (record.fingerprint, response)))
             return True
 
         return await self.run(op, "complete")
+
+    def note_success(self, route: str, now: int) -> None:
+        """`route` succeeded at `now`: written once per commit, whatever number of its
+        completions the commit carries."""
+        self.db.defer(("last success", route), _LAST_SUCCESS, (route, now))
 
     async def last_successes(self) -> dict[str, float]:
         def op(conn: sqlite3.Connection, now: int, fx: Effects) -> dict[str, float]:
