@@ -71,6 +71,15 @@ MUTANTS = [
         "failed: a route's last success is one whose completion was undone",
     ),
     Mutant(
+        name="sqlite-accept-past-the-bound",
+        path=DELIVERY,
+        old="    \" AND state IN ('queued', 'retrying')) < ?9\"",
+        new="    \" AND state IN ('queued', 'retrying')) <= ?9\"",
+        tests=(f"{CONTRACT}::test_accept_admits_exactly_the_limit_of_a_burst[sqlite]",),
+        breaks="a new key is queued on a route whose queue is at its bound: max_queued "
+        "admits one more than it says",
+    ),
+    Mutant(
         name="sqlite-answer-to-a-gone-caller",
         path=DATABASE,
         old="        if call.future.done():\n            continue\n",
