@@ -82,6 +82,35 @@ async def test_claims_of_many_callers_share_commits(make_store: Callable[[], Sto
         await store.close()
 
 
+async def test_completions_answered_together_are_one_notice(
+    make_store: Callable[[], Store],
+) -> None:
+    """100 completions at once, in a process with another on the file: far fewer
+    datagrams than completions (one per turn of the loop that answered a batch), and
+    the other process hears every key."""
+    store, other = make_store(), make_store()
+    assert isinstance(store, SqliteStore) and isinstance(other, SqliteStore)
+    await store.start()
+    await other.start()
+    try:
+        refs = [ref() for _ in range(100)]
+        await asyncio.gather(*(store.claim(r, "run-1", "fp", 30) for r in refs))
+        heard: list[str] = []
+        other.notifier.notify = lambda digest, completed=None: heard.append(digest)  # type: ignore[method-assign]
+        before = store.notices.sent
+        done = await asyncio.gather(*(store.complete(r, "run-1", RESPONSE, 60) for r in refs))
+        assert done == [True] * 100
+        sent = store.notices.sent - before
+        assert 1 <= sent <= 25, sent
+        async with asyncio.timeout(5):
+            while len(heard) < 100:
+                await asyncio.sleep(0.01)
+        assert sorted(heard) == sorted(r.digest for r in refs)
+    finally:
+        await other.close()
+        await store.close()
+
+
 async def test_a_first_request_costs_two_operations_a_replay_one(
     gateway_for: Build, upstream: Process, monkeypatch: pytest.MonkeyPatch
 ) -> None:
