@@ -18,6 +18,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from gateway.records import KeyRef, Record, State, StoredResponse
 from gateway.store.base import Store
 from gateway.store.sqlite import SqliteStore
 from gateway.store.sqlite.rows import Effects
-from gateway.store.sqlite.schema import latest
+from gateway.store.sqlite.schema import APPLICATION_ID, latest, migrations
 from tests.conftest import GatewayClient, unique, upstream_count
 from tests.support.servers import ROOT, Process
 
@@ -78,6 +79,35 @@ async def test_claims_of_many_callers_share_commits(make_store: Callable[[], Sto
         again = await asyncio.gather(*(store.claim(r, "run-2", "fp", 30) for r in refs))
         assert all(g is not None and g.run_id == "run-1" for g in again)
     finally:
+        await store.close()
+
+
+async def test_completions_answered_together_are_one_notice(
+    make_store: Callable[[], Store],
+) -> None:
+    """100 completions at once, in a process with another on the file: far fewer
+    datagrams than completions (one per turn of the loop that answered a batch), and
+    the other process hears every key."""
+    store, other = make_store(), make_store()
+    assert isinstance(store, SqliteStore) and isinstance(other, SqliteStore)
+    await store.start()
+    await other.start()
+    try:
+        refs = [ref() for _ in range(100)]
+        await asyncio.gather(*(store.claim(r, "run-1", "fp", 30) for r in refs))
+        heard: list[str] = []
+        other.notifier.notify = lambda digest, completed=None: heard.append(digest)  # type: ignore[method-assign]
+        before = store.notices.sent
+        done = await asyncio.gather(*(store.complete(r, "run-1", RESPONSE, 60) for r in refs))
+        assert done == [True] * 100
+        sent = store.notices.sent - before
+        assert 1 <= sent <= 25, sent
+        async with asyncio.timeout(5):
+            while len(heard) < 100:
+                await asyncio.sleep(0.01)
+        assert sorted(heard) == sorted(r.digest for r in refs)
+    finally:
+        await other.close()
         await store.close()
 
 
@@ -135,6 +165,110 @@ async def test_one_failing_operation_fails_alone(make_store: Callable[[], Store]
         record = await store.get(r)
         assert record is not None and record.state is State.COMPLETED
     finally:
+        await store.close()
+
+
+async def test_an_operation_failing_half_way_in_a_batch_is_undone_alone(
+    make_store: Callable[[], Store],
+) -> None:
+    """A claim, an operation that writes and then fails, and a completion, in one
+    batch: the batch runs again in savepoints, so the failed operation's write is gone,
+    the claim and the completion commit in one transaction, and each caller has its
+    own answer."""
+    store = make_store()
+    assert isinstance(store, SqliteStore)
+    await store.start()
+    try:
+        r = ref()
+        held, release = threading.Event(), threading.Event()
+
+        def hold(conn: sqlite3.Connection, now: int, fx: Effects) -> None:
+            held.set()
+            release.wait(10)
+
+        def broken(conn: sqlite3.Connection, now: int, fx: Effects) -> None:
+            fx.changed.append(("broken", None))
+            conn.execute("INSERT INTO gateway_roster (entry, mark, since_ms) VALUES ('x', 'y', 1)")
+            raise ValueError("a fault after a write")
+
+        holding = asyncio.ensure_future(store.run(hold, "hold"))
+        while not held.is_set():
+            await asyncio.sleep(0.001)
+        before = store.db.commits
+        calls = [
+            asyncio.ensure_future(store.claim(r, "run-1", "fp", 30)),
+            asyncio.ensure_future(store.run(broken, "broken")),
+            asyncio.ensure_future(store.complete(r, "run-1", RESPONSE, 60)),
+        ]
+        await asyncio.sleep(0.05)  # all three wait for the thread
+        release.set()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        await holding
+        assert results[0] is None and results[2] is True
+        assert isinstance(results[1], ValueError)
+        assert store.db.commits - before == 2  # the held batch's, then the three's
+        assert await store.roster() == {}  # the failed operation's write went with it
+        record = await store.get(r)
+        assert record is not None and record.state is State.COMPLETED
+    finally:
+        release.set()
+        await store.close()
+
+
+async def test_a_deferred_write_runs_once_per_commit_and_goes_with_a_failure(
+    make_store: Callable[[], Store],
+) -> None:
+    """Writes deferred to the commit (a route's last success): the last one given for
+    a key is written, once; one deferred by an operation that then fails is taken
+    back with the rest of that operation, and the one before it stands."""
+    store = make_store()
+    assert isinstance(store, SqliteStore)
+    await store.start()
+    try:
+        held, release = threading.Event(), threading.Event()
+        insert = "INSERT INTO gateway_roster (entry, mark, since_ms) VALUES (?, 'm', 1)"
+
+        def hold(conn: sqlite3.Connection, now: int, fx: Effects) -> None:
+            held.set()
+            release.wait(10)
+
+        def deferring(key: str, entry: str, fails: bool) -> Callable[..., None]:
+            def op(conn: sqlite3.Connection, now: int, fx: Effects) -> None:
+                store.db.defer(key, insert, (entry,))
+                if fails:
+                    raise ValueError("a fault after a deferred write")
+
+            return op
+
+        holding = asyncio.ensure_future(store.run(hold, "hold"))
+        while not held.is_set():
+            await asyncio.sleep(0.001)
+        before = store.db.commits
+        calls = [
+            asyncio.ensure_future(store.run(deferring(key, entry, fails), entry))
+            for key, entry, fails in (
+                ("x", "first", False),
+                ("y", "replaced", False),
+                ("x", "failed", True),
+                ("y", "last", False),
+            )
+        ]
+        await asyncio.sleep(0.05)  # all four wait for the thread
+        release.set()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        await holding
+        assert [type(r).__name__ for r in results] == ["NoneType"] * 2 + [
+            "ValueError",
+            "NoneType",
+        ]
+        assert store.db.commits - before == 2
+        assert sorted(await store.roster()) == ["first", "last"]
+        r = ref()
+        assert await store.claim(r, "run-1", "fp", 30) is None
+        assert await store.complete(r, "run-1", RESPONSE, 60) is True
+        assert r.route in await store.last_successes()
+    finally:
+        release.set()
         await store.close()
 
 
@@ -214,7 +348,8 @@ async def test_a_full_file_is_a_store_error_never_a_500(
             break
     assert statuses[-1] == 503 and set(statuses) <= {200, 503}, statuses
     with pytest.raises(StoreError, match="the disk is full"):
-        await store.claim(ref(), "run-1", "fp", 30)
+        for _ in range(200):  # room left in a page takes a small claim: the next page is refused
+            await store.claim(ref(), "run-1", "fp", 30)
     forwarded = await gw.post("/jobs/open", json={"job_key": unique(), "pad": "x" * 2000})
     assert forwarded.status_code == 200
     again = await gw.post("/jobs/send-reminder", json={"job_key": kept})
@@ -362,6 +497,49 @@ async def test_stores_claiming_the_same_keys_at_once_each_wait_their_turn(
     assert not failures, failures[:3]
     winners = [sum(g is None for g in got[k * 4 : k * 4 + 4]) for k in range(len(refs))]
     assert winners == [1] * len(refs)
+
+
+async def test_a_file_of_the_first_schema_keeps_its_records(tmp_path: Path) -> None:
+    """A file written with the first schema (records keyed by their digest) is brought
+    to the latest on start, and its records come through whole: a completed key still
+    replays, a key in flight still holds, and the rows are in arrival order."""
+    path = tmp_path / "gateway.db"
+    store = SqliteStore(StoreConfig(url=f"sqlite://{path}"))
+    done, held = ref(), ref()
+    first = dict(migrations())[1]
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.executescript(first)
+        conn.execute("PRAGMA user_version = 1")
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        insert = (
+            "INSERT INTO gateway_records (digest, route, key, state, run_id, fingerprint,"
+            " created_ms, since_ms, lease_until_ms, place, expires_ms, response)"
+            " VALUES (?, ?, ?, ?, 'run-1', 'fp', ?, ?, ?, ?, ?, ?)"
+        )
+        now = int(time.time() * 1000)
+        sealed = store.codec.encode(done.digest, RESPONSE)
+        conn.execute(
+            insert, (done.digest, done.route, done.key, "completed", now, now, 0, None,
+                     now + 3_600_000, sealed)
+        )  # fmt: skip
+        conn.execute(
+            insert, (held.digest, held.route, held.key, "in_flight", now + 1, now + 1,
+                     now + 3_600_000, now + 3_600_000, None, None)
+        )  # fmt: skip
+    await store.start()
+    try:
+        record = await store.get(done)
+        assert record is not None and record.state is State.COMPLETED
+        assert record.response == RESPONSE
+        again = await store.claim(held, "run-2", "fp", 30)
+        assert again is not None and again.run_id == "run-1"
+        assert await store.claim(ref(), "run-3", "fp", 30) is None
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == latest()
+        digests = [d for (d,) in conn.execute("SELECT digest FROM gateway_records ORDER BY rowid")]
+        assert digests[:2] == [done.digest, held.digest]
 
 
 async def test_notices_from_anything_but_a_worker_are_dropped(tmp_path: Path) -> None:

@@ -156,24 +156,36 @@ routes:
             return 0
         return int(self.pg.sql("SELECT pg_snapshot_xmax(pg_current_snapshot())::text")[0][0])
 
+    @contextlib.contextmanager
+    def writes(self, store: str, gateway_pids: list[int]) -> Iterator[list[int]]:
+        """The store's writes while the block runs, in the list's one item: PostgreSQL's
+        transaction ids taken."""
+        found = [0]
+        xid = self.next_xid(store)
+        yield found
+        found[0] = self.next_xid(store) - xid
+
     def store_pids(self, store: str) -> list[int]:
         if store == "redis":
             return [self.redis.proc.pid]
         assert self.pg.proc is not None
         return [self.pg.proc.pid, *self.pg.children()]
 
+    def wrk_lua(self) -> str:
+        """gateway.py's script, with one more mode: keys tag-1 .. tag-REPLAY_KEYS in turn."""
+        body = DEFAULT_BODY.decode()
+        lua = bg.WRK_LUA.replace(
+            '    if mode == "same" then',
+            '    if mode == "replays" then\n'
+            f'        key = prefix .. "-" .. ((counter - 1) % {REPLAY_KEYS} + 1)\n'
+            '    elseif mode == "same" then',
+        )
+        return str(lua.format(path=PATH, body=body, response=bg.WRK_COUNT_REPLAYS))
+
     def wrk_run(self, port: int, mode: str, duration: float, tag: str) -> dict[str, Any]:
         script = self.work_dir / "count.lua"
         if not script.exists():
-            body = DEFAULT_BODY.decode()
-            # gateway.py's script, with one more mode: keys tag-1 .. tag-REPLAY_KEYS in turn
-            lua = bg.WRK_LUA.replace(
-                '    if mode == "same" then',
-                '    if mode == "replays" then\n'
-                f'        key = prefix .. "-" .. ((counter - 1) % {REPLAY_KEYS} + 1)\n'
-                '    elseif mode == "same" then',
-            )
-            script.write_text(lua.format(path=PATH, body=body, response=bg.WRK_COUNT_REPLAYS))
+            script.write_text(self.wrk_lua())
         args = (tag, mode, "1")
         return h.run_wrk(self.wrk, None, self.args.connections, duration, script, port, PATH, args)
 
@@ -190,10 +202,10 @@ def measure(site: Site, store: str, run: int) -> dict[str, Measured]:
             if site.args.warmup > 0:
                 site.wrk_run(port, mode, site.args.warmup, tag + "w")
             before_store = site.store_pids(store)
-            xid = site.next_xid(store)
-            cpu = h.cpu_seconds(gateway_pids), h.cpu_seconds(before_store)
-            data = site.wrk_run(port, mode, site.args.duration, tag)
-            xids = site.next_xid(store) - xid
+            with site.writes(store, gateway_pids) as writes:
+                cpu = h.cpu_seconds(gateway_pids), h.cpu_seconds(before_store)
+                data = site.wrk_run(port, mode, site.args.duration, tag)
+                cpu_after = h.cpu_seconds(gateway_pids)
             # Backends opened during the run count from 0; none close (the pool keeps them).
             after_store = sorted(set(before_store) | set(site.store_pids(store)))
             n = max(int(data["requests"]), 1)
@@ -201,11 +213,11 @@ def measure(site: Site, store: str, run: int) -> dict[str, Measured]:
                 rps=n / (data["duration_us"] / 1e6),
                 p50_ms=data["p50_us"] / 1000,
                 p99_ms=data["p99_us"] / 1000,
-                cpu_us=(h.cpu_seconds(gateway_pids) - cpu[0]) * 1e6 / n,
+                cpu_us=(cpu_after - cpu[0]) * 1e6 / n,
                 store_cpu_us=(h.cpu_seconds(after_store) - cpu[1]) * 1e6 / n,
                 replayed=int(data["replayed"]),
                 errors=h.wrk_errors(data),
-                xids=xids / n,
+                xids=writes[0] / n,
             )
             m = out[mode]
             print(

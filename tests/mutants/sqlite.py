@@ -49,6 +49,37 @@ MUTANTS = [
         "failed, though some were committed",
     ),
     Mutant(
+        name="sqlite-unguarded-failure-commits",
+        path=DATABASE,
+        old='                    conn.execute("ROLLBACK")\n'
+        "                    return batch, True\n",
+        new="                    pass\n",
+        tests=(
+            f"{SQLITE}::test_one_failing_operation_fails_alone",
+            f"{SQLITE}::test_an_operation_failing_half_way_in_a_batch_is_undone_alone",
+        ),
+        breaks="an operation that fails after a write, in a batch run without savepoints, "
+        "keeps that write: half an operation is committed",
+    ),
+    Mutant(
+        name="sqlite-failed-operation-keeps-its-deferred-write",
+        path=DATABASE,
+        old="            except Exception as exc:\n                self._deferred = deferred\n",
+        new="            except Exception as exc:\n",
+        tests=(f"{SQLITE}::test_a_deferred_write_runs_once_per_commit_and_goes_with_a_failure",),
+        breaks="a write an operation deferred to the commit stays though the operation "
+        "failed: a route's last success is one whose completion was undone",
+    ),
+    Mutant(
+        name="sqlite-accept-past-the-bound",
+        path=DELIVERY,
+        old="    \" AND state IN ('queued', 'retrying')) < ?9\"",
+        new="    \" AND state IN ('queued', 'retrying')) <= ?9\"",
+        tests=(f"{CONTRACT}::test_accept_admits_exactly_the_limit_of_a_burst[sqlite]",),
+        breaks="a new key is queued on a route whose queue is at its bound: max_queued "
+        "admits one more than it says",
+    ),
+    Mutant(
         name="sqlite-answer-to-a-gone-caller",
         path=DATABASE,
         old="        if call.future.done():\n            continue\n",

@@ -4,13 +4,18 @@ commit.
 SQLite's API blocks, so no call runs on the event loop: every operation is a function
 of the connection, queued to the store's thread and answered through a future. The
 thread takes every operation waiting when it is free and runs them in one
-transaction (`BEGIN IMMEDIATE`, the file's write lock, taken once), each inside a
-savepoint of its own, and commits once: one fsync carries the claims and completions
-of many callers. An operation that fails (a full disk, a constraint) is rolled back to
-its savepoint alone and fails alone; a commit that fails fails the whole batch, and
-nothing of it is answered as done. A result reaches its caller only after the commit
-returned, so nothing is forwarded on a claim that is not on disk; a batch's answers
-reach the event loop in one wake-up, not one per caller.
+transaction (`BEGIN IMMEDIATE`, the file's write lock, taken once) and commits once:
+one fsync carries the claims and completions of many callers. An operation that fails
+(a full disk, a constraint, a fault in its code) fails alone: its batch is rolled back
+whole and run again with each operation inside a savepoint of its own, so the failed
+one is rolled back to its savepoint and the others commit. A batch runs without
+savepoints first because an operation rarely fails and a savepoint is two statements
+more per operation; an operation may so run more than once before its transaction
+commits, and is a function of what it reads (its last run's result is its answer). A
+commit that fails fails the whole batch, and nothing of it is answered as done. A
+result reaches its caller only after the commit returned, so nothing is forwarded on
+a claim that is not on disk; a batch's answers reach the event loop in one wake-up,
+not one per caller.
 
 docs/decisions/sqlite.md says why a thread of the store's own and not aiosqlite
 (tests/benchmarks/sqlite_driver.py measures both).
@@ -25,7 +30,7 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -191,6 +196,8 @@ class Database:
         #: transactions committed and operations they carried (the group commit's figure)
         self.commits = 0
         self.operations = 0
+        #: the writes the transaction under way runs just before its commit (`defer`)
+        self._deferred: dict[Hashable, tuple[str, tuple[Any, ...]]] = {}
 
     async def open(self) -> None:
         """Start the thread and open the file; raises what `setup` raised (a
@@ -220,6 +227,14 @@ class Database:
             # refused by the driver before anything was written.
             reason = describe(exc) if isinstance(exc, sqlite3.Error) else "a value out of range"
             raise StoreError(f"the SQLite store at {self.path}: {what} failed: {reason}") from exc
+
+    def defer(self, key: Hashable, statement: str, parameters: tuple[Any, ...]) -> None:
+        """From an operation (on the thread): run `statement` once just before its
+        transaction commits, in place of what was deferred for `key` before in it. A
+        row that many operations of a batch would each write (a route's last success)
+        is so written once per commit; an operation that fails takes back what it
+        deferred, and a commit that fails fails its batch whole as ever."""
+        self._deferred[key] = (statement, parameters)
 
     # -- the thread ----------------------------------------------------------------
 
@@ -302,34 +317,50 @@ class Database:
                 loop.call_soon_threadsafe(_settle, items)
 
     def _commit(self, conn: sqlite3.Connection, batch: list[_Call]) -> None:
-        pending = batch
+        pending, guarded = batch, False
         while pending:
-            pending = self._transaction(conn, pending)
+            pending, guarded = self._transaction(conn, pending, guarded)
 
-    def _transaction(self, conn: sqlite3.Connection, batch: list[_Call]) -> list[_Call]:
-        """Run `batch` in one transaction and answer its callers; what is left to run
-        in a transaction of its own (after SQLite undid this one whole)."""
+    def _transaction(
+        self, conn: sqlite3.Connection, batch: list[_Call], guarded: bool
+    ) -> tuple[list[_Call], bool]:
+        """Run `batch` in one transaction and answer its callers, each operation in a
+        savepoint if `guarded`; what is left to run in a transaction of its own (after
+        SQLite undid this one whole, or after an operation failed in one unguarded),
+        and whether that one is guarded."""
+        self._deferred = {}
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             self._answers += [(call, None, exc) for call in batch]
-            return []
+            return [], False
         # Under the write lock: no other worker's checkpoint or commit moves the files.
         lost = self.watch.check()
         if lost:
             conn.execute("ROLLBACK")
             self._answers += [(call, None, StoreError(lost)) for call in batch]
-            return []
+            return [], False
         done: list[tuple[_Call, Any, BaseException | None]] = []
         for i, call in enumerate(batch):
             if call.future.cancelled():
                 continue  # its caller is gone: it never runs
+            deferred = self._deferred
             try:
-                conn.execute("SAVEPOINT op")
+                if guarded:
+                    deferred = dict(deferred)
+                    conn.execute("SAVEPOINT op")
                 result = call.operation(conn)
-                conn.execute("RELEASE op")
+                if guarded:
+                    conn.execute("RELEASE op")
                 done.append((call, result, None))
             except Exception as exc:
+                self._deferred = deferred
+                if not guarded and conn.in_transaction:
+                    # What it wrote before it failed cannot be told from the others'
+                    # writes: the batch goes whole, and runs again in savepoints. (A
+                    # rollback that fails is the connection's failure: `_serve` answers.)
+                    conn.execute("ROLLBACK")
+                    return batch, True
                 if conn.in_transaction:
                     try:
                         conn.execute("ROLLBACK TO op")
@@ -342,9 +373,11 @@ class Database:
                     # way; the operations after it get a transaction of their own.
                     self._answers += [(call, None, exc)]
                     self._answers += [(earlier, None, exc) for earlier, _, _ in done]
-                    return batch[i + 1 :]
+                    return batch[i + 1 :], False
                 done.append((call, None, exc))
         try:
+            for statement, parameters in self._deferred.values():
+                conn.execute(statement, parameters)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if conn.in_transaction:
@@ -353,8 +386,8 @@ class Database:
                 except sqlite3.Error:
                     pass
             self._answers += [(call, None, exc) for call, _, _ in done]
-            return []
+            return [], False
         self.commits += 1
         self.operations += len(done)
         self._answers += done
-        return []
+        return [], False

@@ -24,6 +24,21 @@ _HEAD = (
 )
 
 
+#: An accept of a key with no row, while the route's queue is under its bound: the row
+#: queued whole (the columns not named are a fresh record's defaults), or nothing
+#: (then it is decided on what is there, or the queue is full).
+_ACCEPT_NEW = (
+    "INSERT INTO gateway_records (digest, route, key, state, run_id, fingerprint,"
+    " created_ms, since_ms, delivery, due_ms, place, request, token)"
+    " SELECT ?1, ?2, ?3, 'queued', ?4, ?5, ?6, ?6, 1, ?6, ?6, ?7, ?8"
+    " WHERE (SELECT coalesce(sum(count), 0) FROM gateway_counts WHERE route = ?2"
+    " AND state IN ('queued', 'retrying')) < ?9"
+    " ON CONFLICT (digest) DO NOTHING"
+)
+#: The bound of a route whose queue has none (SQLite's largest integer).
+_UNBOUNDED = 2**63 - 1
+
+
 class SqliteDeliveries:
     def __init__(self, store: Host) -> None:
         self.store = store
@@ -40,6 +55,17 @@ class SqliteDeliveries:
         token = self.codec.encode_token(ref.digest, delivery.token)
 
         def op(conn: sqlite3.Connection, now: int, fx: Effects) -> Accepted:
+            # A new key with room in the queue (most accepts): one INSERT, nothing read
+            # or decoded. Anything else is decided below.
+            bound = _UNBOUNDED if delivery.limit is None else delivery.limit
+            inserted = conn.execute(
+                _ACCEPT_NEW, (ref.digest, ref.route, ref.key, delivery.run_id,
+                              delivery.fingerprint, now, request, token, bound),
+            )  # fmt: skip
+            if inserted.rowcount == 1:
+                self.rows.count(conn, ref.route, State.QUEUED, 1)
+                fx.due.append(Due(ref, now, now, delivery.origin))
+                return Accepted("queued", now)
             found, released = self.store.take(conn, ref, now, delivery.expired, fx)
             if found is not None:
                 return Accepted("exists", now, found)

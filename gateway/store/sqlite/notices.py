@@ -2,8 +2,10 @@
 in a folder beside the database (`gateway.db` -> `gateway.db-notices/`), so waiters and
 delivery workers in other workers are woken without a polling loop.
 
-After each committed move, the process that made it sends one datagram to every other
-socket in the folder saying what changed (keys, deliveries made due, deliveries taken);
+After committed moves, the process that made them sends a datagram to every other
+socket in the folder saying what changed (keys, deliveries made due, deliveries taken):
+one for the moves answered in one turn of its event loop (a batch's answers arrive in
+one wake-up), not one per move;
 each process fans what it hears out to its own listeners (Notifier, DueFeed). Like
 every store's notices they are hints, at most once: a full socket buffer drops one, a
 process that starts reports `lost` so its workers rescan, and every listener re-reads
@@ -44,6 +46,9 @@ PEERS_TTL = 1.0
 MAX_NOTICE = 65536
 #: The longest path a Unix socket's address holds (sun_path, less its terminating NUL).
 MAX_SOCKET_PATH = 107
+#: The most keys and deliveries one datagram names (well under MAX_NOTICE for keys and
+#: routes of ordinary length; a longer notice is dropped, and its listeners re-read).
+NOTICE_ITEMS = 64
 
 
 def notice_folder(database: Path) -> Path:
@@ -116,6 +121,9 @@ class SqliteNotices:
         #: datagrams sent and dropped (a full buffer): the figures of the channel's cost
         self.sent = 0
         self.dropped = 0
+        #: what this turn of the loop committed, sent together at its end
+        self._pending = Effects()
+        self._flushing = False
 
     def start(self) -> None:
         name = f"{os.getpid()}-{secrets.token_hex(4)}.sock"
@@ -179,10 +187,31 @@ class SqliteNotices:
             self._path.unlink(missing_ok=True)
 
     def publish(self, effects: Effects) -> None:
-        """Tell every other process on the file what a commit changed."""
+        """Tell every other process on the file what a commit changed, with what the
+        other moves answered in this turn of the loop changed."""
         if self._sock is None or not (effects.changed or effects.due or effects.taken):
             return
-        data = encode(effects)
+        self._pending.changed += effects.changed
+        self._pending.due += effects.due
+        self._pending.taken += effects.taken
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        pending, self._pending, self._flushing = self._pending, Effects(), False
+        n = NOTICE_ITEMS
+        for start in range(0, max(len(pending.changed), len(pending.due), len(pending.taken)), n):
+            part = Effects(
+                pending.changed[start : start + n],
+                pending.due[start : start + n],
+                pending.taken[start : start + n],
+            )
+            self._send(encode(part))
+
+    def _send(self, data: bytes) -> None:
+        if self._sock is None:
+            return  # closed since: nobody to tell from here
         for peer in list(self._others()):  # a dead one is dropped from the list
             try:
                 self._sock.sendto(data, self._address(peer))

@@ -170,9 +170,15 @@ class Rows:
         if before == after:
             return
         if before is not None and before[1] in COUNTED_STATES:
-            conn.execute(_COUNT, (before[0], str(before[1]), -1))
+            Rows.count(conn, before[0], before[1], -1)
         if after is not None and after[1] in COUNTED_STATES:
-            conn.execute(_COUNT, (after[0], str(after[1]), 1))
+            Rows.count(conn, after[0], after[1], 1)
+
+    @staticmethod
+    def count(conn: sqlite3.Connection, route: str, state: State, change: int) -> None:
+        """`change` to the count of `route`'s records in `state` (a counted state), for
+        a row written without `write`."""
+        conn.execute(_COUNT, (route, str(state), change))
 
     def take(self, conn: sqlite3.Connection, digest: str, now: int) -> Record | None:
         """The record, or None; a row past its expiry is deleted in the same read, so a

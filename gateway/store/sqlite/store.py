@@ -137,9 +137,16 @@ class SqliteStore(PartsStore):
 
     async def run(self, operation: Callable[[sqlite3.Connection, int, Effects], T], what: str) -> T:
         """`operation(conn, now, effects)` in a transaction; once it is committed,
-        tells the listeners of this process what it changed."""
-        effects = Effects()
-        result = await self.db.run(lambda conn: operation(conn, now_ms(), effects), what)
+        tells the listeners of this process what it changed (what its last run said:
+        an operation can run again before its commit, database.py)."""
+        runs: list[Effects] = []
+
+        def attempt(conn: sqlite3.Connection) -> T:
+            runs.append(Effects())
+            return operation(conn, now_ms(), runs[-1])
+
+        result = await self.db.run(attempt, what)
+        effects = runs[-1]
         for digest, completed in effects.changed:
             self.notifier.notify(digest, completed)
         for due in effects.due:
@@ -306,7 +313,7 @@ class SqliteStore(PartsStore):
             if done is not None:
                 route, fingerprint = done
                 if success:
-                    conn.execute(_LAST_SUCCESS, (route, now))
+                    self.note_success(route, now)
                 fx.changed.append((ref.digest, (fingerprint, response)))
                 return True
             record = self.rows.read(conn, ref.digest, now)
@@ -325,11 +332,16 @@ class SqliteStore(PartsStore):
             after = self.settled(after, State.COMPLETED, now, *events, reason="")
             self.rows.write(conn, after, record, ttl=ttl, response=sealed)
             if success:
-                conn.execute(_LAST_SUCCESS, (record.route, now))
+                self.note_success(record.route, now)
             fx.changed.append((ref.digest, (record.fingerprint, response)))
             return True
 
         return await self.run(op, "complete")
+
+    def note_success(self, route: str, now: int) -> None:
+        """`route` succeeded at `now`: written once per commit, whatever number of its
+        completions the commit carries."""
+        self.db.defer(("last success", route), _LAST_SUCCESS, (route, now))
 
     async def last_successes(self) -> dict[str, float]:
         def op(conn: sqlite3.Connection, now: int, fx: Effects) -> dict[str, float]:
