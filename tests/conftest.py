@@ -170,13 +170,17 @@ ALL_STORES = [
 REDIS_STORES = ALL_STORES[1:3]
 #: Every topology, and each that has replicas with `store.wait_for_replicas: 1`
 #: (`+wait`): the contract suite runs over all of them, so each setting check-config
-#: accepts is held to the contract wherever it is accepted.
+#: accepts is held to the contract wherever it is accepted. The `+wait` runs are the
+#: long tier (`scripts/test-all`; about 20 s each): the default run keeps every
+#: topology without them, and tests/test_store_replication.py drives the waits.
 EVERY_TOPOLOGY = [
     *ALL_STORES,
-    pytest.param("redis+wait", marks=pytest.mark.redis),
+    pytest.param("redis+wait", marks=[pytest.mark.redis, pytest.mark.long]),
     pytest.param("sentinel", marks=[pytest.mark.redis, pytest.mark.sentinel]),
-    pytest.param("sentinel+wait", marks=[pytest.mark.redis, pytest.mark.sentinel]),
-    pytest.param("cluster+wait", marks=[pytest.mark.redis, pytest.mark.cluster]),
+    pytest.param(
+        "sentinel+wait", marks=[pytest.mark.redis, pytest.mark.sentinel, pytest.mark.long]
+    ),
+    pytest.param("cluster+wait", marks=[pytest.mark.redis, pytest.mark.cluster, pytest.mark.long]),
 ]
 
 

@@ -243,6 +243,7 @@ async def test_sqlite_to_postgresql_and_back(
 
 @pytest.mark.redis
 @pytest.mark.slow
+@pytest.mark.long  # the PostgreSQL round trip stays default; the contract's covers Redis
 async def test_sqlite_to_redis_and_back(tmp_path: Path, upstream: Process) -> None:
     tag = unique("rd")
     database, refs, answer = await source_on_sqlite(tmp_path, upstream, tag)

@@ -768,6 +768,7 @@ def _comparable(value: Any) -> Any:
 # on a loaded 2-core machine more than the suite's 60 s default.
 @pytest.mark.redis
 @pytest.mark.postgres
+@pytest.mark.long  # about 50 s; the SQLite machine below, against memory, stays default
 @pytest.mark.timeout(240)
 def test_store_state_machine(
     redis_server: RedisServer, postgres_database: PostgresServer, ledger: Ledger
