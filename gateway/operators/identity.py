@@ -81,7 +81,8 @@ class Operator:
         if isinstance(given, str):
             # Checked as given: str.strip() also drops C1 controls (U+0085), the
             # separators U+001C-U+001F and U+2028/U+2029, which would otherwise be
-            # accepted silently at either end of a name the rules refuse them in.
+            # accepted silently at either end of a name the rules refuse them in. What
+            # is kept (`named`) is a part of what is checked here.
             check_name(given.strip(" "))
         if not isinstance(named, str) or not named:
             raise OperatorRequired(
@@ -89,7 +90,6 @@ class Operator:
                 "are; the record keeps the name given, marked (shared token). A token of "
                 "your own (admin.operators) needs no name."
             )
-        check_name(named)
         return replace(self, name=named)
 
 

@@ -23,8 +23,8 @@ MUTANTS = [
     Mutant(
         name="operator-name-unchecked",
         path="gateway/operators/identity.py",
-        old="        check_name(named)\n",
-        new="",
+        old='            check_name(given.strip(" "))\n',
+        new="            pass\n",
         tests=(REFUSED + "[name-nul-postgres]", REFUSED + "[name-escape-memory]"),
         breaks="a name given with the shared token is kept as sent: a NUL is a false 503, an "
         "ESC sequence is recorded as the holder and replayed into every terminal listing it",
