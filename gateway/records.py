@@ -306,6 +306,32 @@ class Record:
     #: the status URL's token, opened ("" if it cannot be); never in to_json()
     token: str = field(default="", repr=False)
 
+    @classmethod
+    def claimed(
+        cls,
+        ref: KeyRef,
+        run_id: str,
+        fingerprint: str,
+        now: int,
+        lease_until_ms: int,
+        earlier: Record | None,
+    ) -> Record:
+        """A key claimed at `now` (ms): in flight under `run_id` until its lease ends,
+        with the history of the released record it replaces, if any."""
+        return cls(
+            digest=ref.digest,
+            route=ref.route,
+            key=ref.key,
+            state=State.IN_FLIGHT,
+            run_id=run_id,
+            fingerprint=fingerprint,
+            created_ms=now,
+            now_ms=now,
+            since_ms=now,
+            lease_until_ms=lease_until_ms,
+            history=earlier.history if earlier is not None else (),
+        )
+
     @property
     def age(self) -> float:
         return max(0, self.now_ms - self.created_ms) / 1000

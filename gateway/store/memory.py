@@ -260,19 +260,7 @@ class MemoryStore(Store):
         if record is not None and record.state is State.IN_FLIGHT and record.lease_until_ms <= now:
             record = self._expire_lease(record, now, expired)
         if record is None or record.state is State.RELEASED:
-            fresh = Record(
-                digest=ref.digest,
-                route=ref.route,
-                key=ref.key,
-                state=State.IN_FLIGHT,
-                run_id=run_id,
-                fingerprint=fingerprint,
-                created_ms=now,
-                now_ms=now,
-                since_ms=now,
-                lease_until_ms=now + int(lease * 1000),
-                history=record.history if record is not None else (),
-            )
+            fresh = Record.claimed(ref, run_id, fingerprint, now, now + int(lease * 1000), record)
             self._put(fresh, notify=False)
             return None
         return self._out(record, now)

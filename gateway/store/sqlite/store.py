@@ -275,19 +275,7 @@ class SqliteStore(PartsStore):
             found, released = self.take(conn, ref, now, expired, fx)
             if found is not None:
                 return found
-            fresh = Record(
-                digest=ref.digest,
-                route=ref.route,
-                key=ref.key,
-                state=State.IN_FLIGHT,
-                run_id=run_id,
-                fingerprint=fingerprint,
-                created_ms=now,
-                now_ms=now,
-                since_ms=now,
-                lease_until_ms=now + lease_ms,
-                history=released.history if released is not None else (),
-            )
+            fresh = Record.claimed(ref, run_id, fingerprint, now, now + lease_ms, released)
             self.rows.write(conn, fresh, released, response=None, request=None, token=None)
             return None
 
