@@ -430,6 +430,117 @@ def describe_event(event: dict[str, Any]) -> str:
     return kind + (f" ({details})" if details else "")
 
 
+def upstream_status(record: Record) -> int | None:
+    """The status the upstream answered a key's last attempt with: a completed key's
+    stored response from the upstream, else a delivery's last attempt's; None when
+    there is none (never sent, an unknown outcome, a sync key still open)."""
+    response = record.response
+    if record.state is State.COMPLETED and response is not None and response.origin == "upstream":
+        return response.status
+    status = record.last_attempt.get("status")
+    return status if type(status) is int else None
+
+
+#: How an attempt ended, by the event that ended it.
+_ENDINGS = frozenset({"retry_scheduled", "parked", "completed", "unknown"})
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One delivery attempt as the history tells it: when it started and on which
+    replica, how it ended (`ended_ms` 0 while it runs), the upstream's status or the
+    failure's class ("status": an answer that is not cached, "not_sent", or
+    "unknown_outcome") with its detail, and when the next attempt is due (0: none)."""
+
+    number: int
+    started_ms: int
+    replica: str
+    run_id: str
+    outcome: str = "in_flight"
+    ended_ms: int = 0
+    status: int | None = None
+    failure: str = ""
+    detail: str = ""
+    next_due_ms: int = 0
+
+    @property
+    def duration_ms(self) -> int | None:
+        return self.ended_ms - self.started_ms if self.ended_ms else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt": self.number,
+            "started_ms": self.started_ms,
+            "replica": self.replica,
+            "run_id": self.run_id,
+            "outcome": self.outcome,
+            "ended_ms": self.ended_ms or None,
+            "duration_ms": self.duration_ms,
+            "status": self.status,
+            "failure": self.failure or None,
+            "detail": self.detail or None,
+            "next_due_ms": self.next_due_ms or None,
+        }
+
+
+def attempts_of(record: Record) -> list[Attempt]:
+    """A delivery's attempts, oldest first, from its history: each `attempt` event (the
+    pick: when, which replica, which run) and the event that ended it (a retry scheduled
+    with the attempt's status or error and the next due time, a park, a completion, an
+    unknown outcome). A completion's status is the record's last attempt's."""
+    found: list[Attempt] = []
+    open_: Attempt | None = None
+    for event in sorted(record.history, key=lambda e: int(e["at_ms"])):
+        kind = event.get("event")
+        if kind == "attempt":
+            if open_ is not None:
+                found.append(open_)
+            number = event.get("attempt")
+            open_ = Attempt(
+                number=number if type(number) is int else len(found) + 1,
+                started_ms=int(event["at_ms"]),
+                replica=str(event.get("replica", "")),
+                run_id=str(event.get("run_id", "")),
+            )
+            continue
+        if open_ is None or kind not in _ENDINGS:
+            continue
+        found.append(_ended(open_, event, record))
+        open_ = None
+    if open_ is not None:
+        found.append(open_)
+    return found
+
+
+def _ended(started: Attempt, event: dict[str, Any], record: Record) -> Attempt:
+    kind = str(event["event"])
+    said = event.get("attempt")
+    attempt = said if isinstance(said, dict) else {}
+    if kind == "completed":
+        attempt = record.last_attempt if record.state is State.COMPLETED else {}
+    status = attempt.get("status")
+    status = status if type(status) is int else None
+    detail = str(attempt.get("error") or event.get("reason") or "")
+    if kind == "completed":
+        failure, detail = "", ""
+    elif kind == "unknown":
+        failure = "unknown_outcome"
+    elif status is not None:
+        failure = "status"
+    else:
+        failure = "not_sent"
+    due = event.get("due_ms") if kind == "retry_scheduled" else 0
+    return replace(
+        started,
+        outcome=kind,
+        ended_ms=int(event["at_ms"]),
+        status=status,
+        failure=failure,
+        detail=detail,
+        next_due_ms=due if type(due) is int else 0,
+    )
+
+
 # -- what a store reports: counts for the operator surfaces and gauges, and how it keeps records
 
 

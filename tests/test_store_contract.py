@@ -19,7 +19,7 @@ from gateway.errors import StoreError
 from gateway.records import KeyRef, State, StoredRequest, StoredResponse
 from gateway.store.base import CheckResult, ExpiredPolicy, NewDelivery, PickResult, Store
 from gateway.store.notices import Due
-from gateway.store.pages import MAX_PAGE_SIZE, READ_ROUNDS, InvalidCursor, Page
+from gateway.store.pages import MAX_PAGE_SIZE, READ_ROUNDS, InvalidCursor, Match, Page
 from gateway.store.redis import RedisStore
 from gateway.store.redis.admission import admission_key
 from gateway.store.redis.listing import BUCKETS, bucket_of
@@ -1310,6 +1310,82 @@ async def test_pages_filter_by_state_route_and_age_in_the_store(store: Store) ->
     assert await listed(frozenset({State.CLAIMED})) == [held.digest]
     assert await listed(frozenset({State.QUEUED}), route=queued.route) == [queued.digest]
     assert await listed(frozenset()) == []
+
+
+async def parked_after(store: Store, key: str, status: int | None, route: str) -> KeyRef:
+    """A delivery of `key` parked after its one attempt, answered `status` (None: never
+    sent)."""
+    r = KeyRef(ref().digest, route, key)
+    await store.accept(NewDelivery(r, "run-a", "fp", REQUEST, TOKEN))
+    assert (await picked(store, r)).record is not None
+    attempt = {"result": "exhausted", "status": status, "error": "no attempt left"}
+    assert await store.retry_later(r, "run-1", None, attempt)
+    await asyncio.sleep(0.002)  # each a place of its own
+    return r
+
+
+async def test_pages_match_a_time_range_a_literal_key_prefix_and_a_status(store: Store) -> None:
+    """The run log's filters: places within a time range (both ends included), a key
+    prefix in which `%`, `_`, `*`, `[` and `\\` are characters like any other, and the
+    upstream status of the last attempt; each alone and together, walked in pages."""
+    route = unique("runs")
+    keys = [
+        ("inv-1", 503), ("inv-2", 200), ("in%v_3", 503), ("inv*[x]\\", 503),
+        ("other", 503), ("inv-4", None), ("Inv-5", 503),
+    ]  # fmt: skip
+    made = [await parked_after(store, key, status, route) for key, status in keys]
+    records = [await store.get(r) for r in made]
+    places = [r.since_ms for r in records if r is not None]
+    parked = frozenset({State.PARKED})
+
+    async def listed(match: Match) -> list[str]:
+        pages = await walk(store, parked, 2, route=route, match=match)
+        return [r.key for p in pages for r in p.records]
+
+    assert await listed(Match()) == [key for key, _ in keys]
+    assert await listed(Match(key_prefix="inv")) == ["inv-1", "inv-2", "inv*[x]\\", "inv-4"]
+    assert await listed(Match(key_prefix="in%")) == ["in%v_3"]
+    assert await listed(Match(key_prefix="in_")) == []
+    assert await listed(Match(key_prefix="inv*")) == ["inv*[x]\\"]
+    assert await listed(Match(key_prefix="inv*[x]\\")) == ["inv*[x]\\"]
+    assert await listed(Match(status=503)) == ["inv-1", "in%v_3", "inv*[x]\\", "other", "Inv-5"]
+    assert await listed(Match(status=200)) == ["inv-2"]
+    assert await listed(Match(status=404)) == []
+    assert await listed(Match(since_ms=places[2], until_ms=places[4])) == [
+        "in%v_3", "inv*[x]\\", "other",
+    ]  # fmt: skip
+    assert await listed(Match(since_ms=places[5])) == ["inv-4", "Inv-5"]
+    assert await listed(Match(until_ms=places[0])) == ["inv-1"]
+    assert await listed(Match(until_ms=places[0] - 1)) == []
+    together = Match(since_ms=places[1], until_ms=places[5], key_prefix="inv", status=503)
+    assert await listed(together) == ["inv*[x]\\"]
+    # Walked back from the end, the same rows.
+    pages = await walk(store, parked, 1, route=route, match=Match(key_prefix="inv"))
+    back, cursor = [], pages[-1].prev
+    while cursor:
+        page = await store.list_records(
+            parked, route=route, cursor=cursor, limit=1, match=Match(key_prefix="inv")
+        )
+        back = [r.key for r in page.records] + back
+        cursor = page.prev
+    shown = [r.key for p in pages for r in p.records]
+    assert back == shown[: len(back)] and back
+
+
+async def test_a_page_the_key_prefix_drops_reads_a_bounded_part(store: Store) -> None:
+    """Many parked deliveries whose keys do not match come first: a page of one reads
+    at most READ_ROUNDS x 2 of them, answered empty with `next`; the walk finds the
+    match past them."""
+    route = unique("runs")
+    for i in range(12):
+        await parked_after(store, f"other-{i}", 503, route)
+    wanted = await parked_after(store, "wanted-1", 503, route)
+    match = Match(key_prefix="wanted")
+    parked = frozenset({State.PARKED})
+    first = await store.list_records(parked, route=route, limit=1, match=match)
+    assert first.records == [] and first.next
+    pages = await walk(store, parked, 1, route=route, match=match)
+    assert [r.digest for p in pages for r in p.records] == [wanted.digest]
 
 
 async def _redis_evals(store: Store) -> int | None:

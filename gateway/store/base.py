@@ -49,7 +49,7 @@ from gateway.records import (
 )
 from gateway.store.notices import Due, DueFeed, Notifier, Watch
 from gateway.store.operator_roster import OperatorRoster, RosterEntry
-from gateway.store.pages import MAX_PAGE_SIZE, PAGE_SIZE, Page
+from gateway.store.pages import ANY, MAX_PAGE_SIZE, PAGE_SIZE, Match, Page
 from gateway.store.transfer import EXPORT_PAGE, ExportedRecord, ExportPage
 
 if TYPE_CHECKING:
@@ -514,11 +514,14 @@ class Store(OperatorRoster):
         older_than: float = 0.0,
         cursor: str = "",
         limit: int = PAGE_SIZE,
+        match: Match = ANY,
     ) -> Page:
         """One page (1 to MAX_PAGE_SIZE records, else ValueError) of the records in
         `states`, of `route` if given, whose place is at least `older_than` seconds old
-        (an in-flight record: its state's age), from `cursor` ("" or a page's `next`
-        or `prev`; InvalidCursor for any other text), in the order and with the
+        (an in-flight record: its state's age) and that `match` keeps (its time range
+        over the places, from the indexes; its key prefix, taken literally, and its
+        upstream status, dropped after reading like the rest), from `cursor` ("" or a
+        page's `next` or `prev`; InvalidCursor for any other text), in the order and with the
         promise of store/pages.py: a record in a listed state throughout a walk is
         listed exactly once. `next` is "" only where nothing more matches; a page
         may be short, even empty, with `next` set, where the filters dropped what the
@@ -644,6 +647,7 @@ class ListingPart(Protocol):
         older_than: float = ...,
         cursor: str = ...,
         limit: int = ...,
+        match: Match = ...,
     ) -> Page: ...
 
 
@@ -701,9 +705,10 @@ class PartsStore(Store):
         older_than: float = 0.0,
         cursor: str = "",
         limit: int = PAGE_SIZE,
+        match: Match = ANY,
     ) -> Page:
         return await self.listing.list_records(
-            states, route=route, older_than=older_than, cursor=cursor, limit=limit
+            states, route=route, older_than=older_than, cursor=cursor, limit=limit, match=match
         )
 
     async def record_roster(self, marks: Mapping[str, str]) -> dict[str, RosterEntry]:

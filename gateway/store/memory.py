@@ -51,10 +51,12 @@ from gateway.store.base import (
 from gateway.store.notices import Due
 from gateway.store.operator_roster import OperatorRoster, RosterEntry
 from gateway.store.pages import (
+    ANY,
     COUNTED_STATES,
     PAGE_SIZE,
     READ_ROUNDS,
     Cursor,
+    Match,
     Page,
     Position,
     check_limit,
@@ -748,18 +750,20 @@ class MemoryStore(Store):
         older_than: float = 0.0,
         cursor: str = "",
         limit: int = PAGE_SIZE,
+        match: Match = ANY,
     ) -> Page:
         now = now_ms()
         start, wanted = Cursor.decode(cursor), check_limit(limit)
         self._purge(now)
         backward = start is not None and start.backward
-        ceiling = now - int(older_than * 1000) if older_than > 0 else None
+        ceiling, floor = match.ceiling(now, older_than), match.floor()
         walks: list[Iterator[tuple[int, str]]] = []
         for (state, name), order in self._order.items():
             if state not in states or (route is not None and name != route):
                 continue
-            top = None if state is State.IN_FLIGHT else ceiling  # its place is its lease
-            walks.append(_walk(order, start, top))
+            # An in-flight record's place is its lease: its age filters after reading.
+            top = match.ceiling(now, 0.0) if state is State.IN_FLIGHT else ceiling
+            walks.append(_walk(order, start, top, floor))
         found: list[tuple[Position, Record]] = []
         # Bounded as the other stores' pages are: past READ_ROUNDS x (limit + 1)
         # entries read, the page is short and goes on from the last one.
@@ -771,6 +775,8 @@ class MemoryStore(Store):
             resume = Position(place, digest)
             record = replace(self._records[digest], now_ms=now)
             if record.state is State.IN_FLIGHT and record.state_age < older_than:
+                continue
+            if not match.keeps(record):
                 continue
             found.append((Position(place, digest), self._out(record, now)))
             if len(found) > wanted:
@@ -823,15 +829,20 @@ def until(order: list[tuple[int, str]], ceiling: int) -> list[str]:
 
 
 def _walk(
-    order: list[tuple[int, str]], start: Cursor | None, ceiling: int | None
+    order: list[tuple[int, str]],
+    start: Cursor | None,
+    ceiling: int | None,
+    floor: int | None = None,
 ) -> Iterator[tuple[int, str]]:
     """One state's (place, digest) pairs from `start` on: ascending after it, or
-    descending before it, never above `ceiling`. Lazy: a page reads what it shows."""
+    descending before it, never above `ceiling` nor below `floor`. Lazy: a page reads
+    what it shows."""
     top = len(order) if ceiling is None else bisect.bisect_right(order, (ceiling, "\uffff"))
+    bottom = 0 if floor is None else bisect.bisect_left(order, (floor, ""))
     if start is None:
-        return itertools.islice(order, 0, top)
+        return itertools.islice(order, bottom, top)
     at = (start.position.place, start.position.digest)
     if start.backward:
         end = min(bisect.bisect_left(order, at), top)
-        return (order[i] for i in range(end - 1, -1, -1))
-    return itertools.islice(order, bisect.bisect_right(order, at), top)
+        return (order[i] for i in range(end - 1, bottom - 1, -1))
+    return itertools.islice(order, max(bottom, bisect.bisect_right(order, at)), top)

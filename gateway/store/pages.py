@@ -23,7 +23,7 @@ import binascii
 import re
 from dataclasses import dataclass
 
-from gateway.records import Record, State
+from gateway.records import Record, State, upstream_status
 
 #: Rows in a listing page when the caller does not say, and the most it may ask for.
 PAGE_SIZE = 100
@@ -53,6 +53,47 @@ def place_of(record: Record) -> int:
     if record.state in (State.QUEUED, State.RETRYING):
         return record.due_ms
     return record.since_ms or record.created_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """What a listing keeps besides its states and route: places in a time range (store
+    clock ms, both ends included; 0: no bound), which the indexes serve, and the
+    records whose key starts with `key_prefix` (a literal prefix: no character in it is
+    a pattern) and whose upstream status (records.upstream_status) is `status`, which a
+    store reads and drops within its bound (READ_ROUNDS), as it drops the rest."""
+
+    since_ms: int = 0
+    until_ms: int = 0
+    key_prefix: str = ""
+    status: int | None = None
+
+    @property
+    def reads_past(self) -> bool:
+        """Whether the store drops records after reading them for this match."""
+        return bool(self.key_prefix) or self.status is not None
+
+    def keeps(self, record: Record) -> bool:
+        """Whether `record` passes what the indexes cannot serve."""
+        if self.key_prefix and not record.key.startswith(self.key_prefix):
+            return False
+        return self.status is None or upstream_status(record) == self.status
+
+    def floor(self) -> int | None:
+        """The earliest place listed, or None."""
+        return self.since_ms or None
+
+    def ceiling(self, now_ms: int, older_than: float) -> int | None:
+        """The latest place listed for a state whose place is its age's start: the
+        range's end, or `older_than` seconds before `now_ms`, whichever is earlier."""
+        ends = [self.until_ms] if self.until_ms else []
+        if older_than > 0:
+            ends.append(now_ms - int(older_than * 1000))
+        return min(ends) if ends else None
+
+
+#: A listing's match when it asks for nothing more.
+ANY = Match()
 
 
 class InvalidCursor(ValueError):

@@ -59,8 +59,8 @@ MUTANTS = [
     Mutant(
         name="memory-page-skips-one",
         path="gateway/store/memory.py",
-        old="    return itertools.islice(order, bisect.bisect_right(order, at), top)\n",
-        new="    return itertools.islice(order, bisect.bisect_right(order, at) + 1, top)\n",
+        old="max(bottom, bisect.bisect_right(order, at)), top)\n",
+        new="max(bottom, bisect.bisect_right(order, at) + 1), top)\n",
         tests=(C + "test_pages_list_every_record_once_in_place_order[memory]",),
         breaks="each page skips the key after the cursor: walked page by page, keys are missed",
     ),

@@ -20,10 +20,12 @@ import asyncpg
 from gateway.records import OPEN_STATES, Record, State, StateCount
 from gateway.store.base import Opener
 from gateway.store.pages import (
+    ANY,
     COUNTED_STATES,
     PAGE_SIZE,
     READ_ROUNDS,
     Cursor,
+    Match,
     Page,
     Position,
     check_limit,
@@ -62,6 +64,7 @@ class PostgresListing:
         older_than: float = 0.0,
         cursor: str = "",
         limit: int = PAGE_SIZE,
+        match: Match = ANY,
     ) -> Page:
         start, wanted = Cursor.decode(cursor), check_limit(limit)
         counted = sorted(state for state in states if state in COUNTED_STATES)
@@ -79,12 +82,13 @@ class PostgresListing:
         found: list[tuple[Position, Record]] = []
         now, more, at, rounds = 0, True, start, 0
         # An in-flight key's age is its state's, not its place's: those too young are
-        # dropped after reading, and the walk reads on until the page fills, the rows
+        # dropped after reading, as are those the match's key prefix or status drops,
+        # and the walk reads on until the page fills, the rows
         # end, or it has read READ_ROUNDS rounds; then the page is short and its
         # `next` goes on from the last row read.
         while more and len(found) <= wanted and rounds < READ_ROUNDS:
             rounds += 1
-            sql, args = self._page_query(pairs, flying, route, older_than, at, wanted + 1)
+            sql, args = self._page_query(pairs, flying, route, older_than, match, at, wanted + 1)
 
             async def read(
                 conn: asyncpg.Connection, sql: str = sql, args: list[object] = args
@@ -97,6 +101,8 @@ class PostgresListing:
                 record = decode_record(self.opener, row["digest"], row["now"], row)
                 now = record.now_ms
                 if record.state is State.IN_FLIGHT and record.state_age < older_than:
+                    continue
+                if not match.keeps(record):
                     continue
                 found.append((Position(row["place"], row["digest"]), record))
             more = len(rows) > wanted
@@ -114,12 +120,13 @@ class PostgresListing:
         flying: bool,
         route: str | None,
         older_than: float,
+        match: Match,
         start: Cursor | None,
         n: int,
     ) -> tuple[str, list[object]]:
         """The page's statement and its parameters: $1 the page's size, $2 and $3 the
-        cursor's place and digest, $4 the oldest place shown (now - older_than), then
-        the routes of the (state, route) pairs."""
+        cursor's place and digest, $4 the oldest place shown (now - older_than), $5 and
+        $6 the match's time range, then the routes of the (state, route) pairs."""
         backward = start is not None and start.backward
         beyond, order = ("<", "DESC") if backward else (">", "ASC")
         args: list[object] = [
@@ -127,7 +134,14 @@ class PostgresListing:
             start.position.place if start is not None else 0,
             start.position.digest if start is not None else "",
             int(older_than * 1000),
+            match.since_ms,
+            match.until_ms,
         ]
+        ranged = []
+        if match.since_ms:
+            ranged.append("r.{place} >= $5")
+        if match.until_ms:
+            ranged.append("r.{place} <= $6")
         scans = []
         for state, name in pairs:
             args.append(name)
@@ -135,18 +149,21 @@ class PostgresListing:
             where = [f"r.state = '{state.value}'", f"r.route = ${len(args)}"]
             if older_than > 0:
                 where.append(f"r.{place} <= (SELECT now FROM t) - $4")
+            where += [bound.format(place=place) for bound in ranged]
             scans.append(self._scan(place, where, start, beyond, order))
         if flying:
             where = ["r.state = 'in_flight'"]
             if route is not None:
                 args.append(route)
                 where.append(f"r.route = ${len(args)}")
+            where += [bound.format(place="lease_until_ms") for bound in ranged]
             scans.append(self._scan("lease_until_ms", where, start, beyond, order))
         union = " UNION ALL ".join(f"({scan})" for scan in scans)
         sql = (
             # Every parameter is named once here, so each has its type in every page.
             "WITH t AS MATERIALIZED (SELECT gateway_now_ms() AS now, $1::integer AS n,"
-            " $2::bigint AS at, $3::text AS after, $4::bigint AS older) "
+            " $2::bigint AS at, $3::text AS after, $4::bigint AS older,"
+            " $5::bigint AS since, $6::bigint AS until) "
             f"SELECT (SELECT now FROM t) AS now, u.* FROM ({union}) u "
             f"ORDER BY u.place {order}, u.digest {order} LIMIT $1"
         )

@@ -33,10 +33,12 @@ from gateway.errors import StoreError
 from gateway.records import OPEN_STATES, QueueStat, Record, State, StateCount
 from gateway.store.base import Opener
 from gateway.store.pages import (
+    ANY,
     COUNTED_STATES,
     PAGE_SIZE,
     READ_ROUNDS,
     Cursor,
+    Match,
     Page,
     Position,
     check_limit,
@@ -255,9 +257,10 @@ class RedisListing:
         older_than: float = 0.0,
         cursor: str = "",
         limit: int = PAGE_SIZE,
+        match: Match = ANY,
     ) -> Page:
         start, wanted = Cursor.decode(cursor), check_limit(limit)
-        streams, now = await self._streams(states, route, older_than)
+        streams, now = await self._streams(states, route, older_than, match)
         found: list[tuple[Position, Record]] = []
         more, at, rounds = bool(streams), start, 0
         # What the indexes cannot filter (an in-flight key's age, a record moved since
@@ -266,7 +269,7 @@ class RedisListing:
         # is short and its `next` goes on from the last entry read.
         while more and len(found) <= wanted and rounds < READ_ROUNDS:
             rounds += 1
-            candidates = await self._merge(streams, at, wanted + 1)
+            candidates = await self._merge(streams, at, wanted + 1, match.floor())
             records = await self.read_many([c.position.digest for c in candidates])
             for candidate, record in zip(candidates, records, strict=True):
                 if record is None or record.state is not candidate.state:
@@ -274,6 +277,8 @@ class RedisListing:
                 if route is not None and record.route != route:
                     continue
                 if record.state is State.IN_FLIGHT and record.state_age < older_than:
+                    continue
+                if not match.keeps(record):
                     continue
                 found.append((candidate.position, record))
             if records and records[0] is not None:
@@ -285,7 +290,7 @@ class RedisListing:
         return page_of(found, start, wanted, now, more=more, resume=resume)
 
     async def _streams(
-        self, states: frozenset[State], route: str | None, older_than: float
+        self, states: frozenset[State], route: str | None, older_than: float, match: Match
     ) -> tuple[dict[int, list[_Stream]], int]:
         """Per bucket, the indexes a page reads, and the store's now. A route given
         names its own; otherwise the counts say which routes each bucket holds."""
@@ -295,7 +300,9 @@ class RedisListing:
             counts = None
         else:
             counts, now = await self._counts()
-        top = str(now - int(older_than * 1000)) if older_than > 0 else ""
+        ceiling, flying = match.ceiling(now, older_than), match.ceiling(now, 0.0)
+        top = "" if ceiling is None else str(ceiling)
+        lease_top = "" if flying is None else str(flying)
         streams: dict[int, list[_Stream]] = {}
         for bucket, tag in enumerate(self._tags):
             chosen: list[_Stream] = []
@@ -308,13 +315,17 @@ class RedisListing:
                     if s in states
                 ]
             if State.IN_FLIGHT in states:  # every route's: filtered in the script
-                chosen.append((tag + "i:in_flight", State.IN_FLIGHT, "", route or ""))
+                chosen.append((tag + "i:in_flight", State.IN_FLIGHT, lease_top, route or ""))
             if chosen:
                 streams[bucket] = chosen
         return streams, now
 
     async def _merge(
-        self, streams: dict[int, list[_Stream]], start: Cursor | None, wanted: int
+        self,
+        streams: dict[int, list[_Stream]],
+        start: Cursor | None,
+        wanted: int,
+        floor: int | None = None,
     ) -> list[_Candidate]:
         """The first `wanted` candidates of all buckets in the walk's order.
 
@@ -338,7 +349,7 @@ class RedisListing:
         while pending:
             order = sorted(pending)
             replies = await asyncio.gather(
-                *(self._list_bucket(streams[b], at[b], ask[b], backward) for b in order)
+                *(self._list_bucket(streams[b], at[b], ask[b], backward, floor) for b in order)
             )
             for bucket, found in zip(order, replies, strict=True):
                 got += found
@@ -366,13 +377,19 @@ class RedisListing:
         return got[:wanted]
 
     async def _list_bucket(
-        self, streams: list[_Stream], at: Position | None, n: int, backward: bool
+        self,
+        streams: list[_Stream],
+        at: Position | None,
+        n: int,
+        backward: bool,
+        floor: int | None = None,
     ) -> list[_Candidate]:
         args: list[Any] = [
             "b" if backward else "a",
             "" if at is None else at.place,
             "" if at is None else at.digest,
             n,
+            "" if floor is None else floor,
         ]
         for _, _, top, route in streams:
             args += [top, route]

@@ -16,9 +16,11 @@ import sqlite3
 
 from gateway.records import OPEN_STATES, QueueStat, Record, State, StateCount
 from gateway.store.pages import (
+    ANY,
     PAGE_SIZE,
     READ_ROUNDS,
     Cursor,
+    Match,
     Page,
     Position,
     check_limit,
@@ -86,12 +88,14 @@ class SqliteListing:
         older_than: float = 0.0,
         cursor: str = "",
         limit: int = PAGE_SIZE,
+        match: Match = ANY,
     ) -> Page:
         start, wanted = Cursor.decode(cursor), check_limit(limit)
         backward = start is not None and start.backward
 
         def op(conn: sqlite3.Connection, now: int, fx: Effects) -> Page:
-            ceiling = now - int(older_than * 1000) if older_than > 0 else None
+            ceiling = match.ceiling(now, older_than)
+            bounds = (match.floor(), match.ceiling(now, 0.0))
             pairs: list[tuple[State, str | None]] = [
                 (State(state), name)
                 for name, state in conn.execute(
@@ -101,16 +105,25 @@ class SqliteListing:
             ]
             if State.IN_FLIGHT in states:  # not counted: one walk over every route's
                 pairs.append((State.IN_FLIGHT, route))
-            # The in-flight walk's age filter drops rows after reading: it reads
-            # READ_ROUNDS pages' worth, the others a page.
+            # What drops rows after reading (the in-flight walk's age filter, the
+            # match's key prefix and status) reads READ_ROUNDS pages' worth, the rest a
+            # page.
             sizes = {
                 state: READ_ROUNDS * (wanted + 1)
-                if state is State.IN_FLIGHT and older_than > 0
+                if (state is State.IN_FLIGHT and older_than > 0) or match.reads_past
                 else wanted + 1
                 for state, _ in pairs
             }
             walks = [
-                self._walk(conn, state, name, start, ceiling, sizes[state], now)
+                self._walk(
+                    conn,
+                    state,
+                    name,
+                    start,
+                    (bounds[0], bounds[1] if state is State.IN_FLIGHT else ceiling),
+                    sizes[state],
+                    now,
+                )
                 for state, name in pairs
             ]
             # A walk that read all it asked for may hold more past its last row: the
@@ -131,6 +144,8 @@ class SqliteListing:
                     break
                 if record.state is State.IN_FLIGHT and record.state_age < older_than:
                     continue
+                if not match.keeps(record):
+                    continue
                 found.append((position, record))
             return page_of(found, start, wanted, now, resume=bound)
 
@@ -142,18 +157,22 @@ class SqliteListing:
         state: State,
         route: str | None,
         start: Cursor | None,
-        ceiling: int | None,
+        bounds: tuple[int | None, int | None],
         n: int,
         now: int,
     ) -> list[tuple[Position, Record]]:
         """Up to `n` records of one (state, route) (every route's: None) from `start` on,
-        in the walk's order."""
+        in the walk's order, their places within `bounds` (lowest, highest; None: open)."""
         where = ["state = ?", "place IS NOT NULL"]
         args: list[object] = [str(state)]
         if route is not None:
             where.append("route = ?")
             args.append(route)
-        if ceiling is not None and state is not State.IN_FLIGHT:  # its place is its lease
+        floor, ceiling = bounds
+        if floor is not None:
+            where.append("place >= ?")
+            args.append(floor)
+        if ceiling is not None:
             where.append("place <= ?")
             args.append(ceiling)
         order = "ASC"

@@ -3,14 +3,15 @@
 -- buckets). KEYS: state indexes of this bucket (zsets of `digest/route` by place).
 -- ARGV: direction ('a' after the cursor, ascending; 'b' before it, descending), the
 -- cursor's place and digest ('' and '' for the first page), n (how many to return),
--- then per key: the highest place listed ('' none) and the route a member must have
--- ('' any: the in_flight index holds every route's).
+-- the lowest place listed ('' none), then per key: the highest place listed ('' none)
+-- and the route a member must have ('' any: the in_flight index holds every route's).
 -- Returns up to n entries {member, place, key#, ...}, the first n of this bucket's keys
 -- in the walk's order of (place, digest).
 -- Not prepended with _lib.lua: it reads no record.
 local backward = ARGV[1] == 'b'
 local at, after = tonumber(ARGV[2]), ARGV[3]
 local n = tonumber(ARGV[4])
+local floor = ARGV[5]
 local CHUNK = 64
 
 local function digest_of(member)
@@ -30,12 +31,12 @@ end
 
 local found = {}
 for i, key in ipairs(KEYS) do
-  local top, route = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
-  local lo, hi = '-inf', top ~= '' and top or '+inf'
+  local top, route = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+  local lo, hi = floor ~= '' and floor or '-inf', top ~= '' and top or '+inf'
   if at then
     if backward then
       if tonumber(hi) == nil or at < tonumber(hi) then hi = tostring(at) end
-    else
+    elseif tonumber(lo) == nil or at > tonumber(lo) then
       lo = tostring(at)
     end
   end

@@ -1,0 +1,58 @@
+from tests.mutants import Mutant
+
+C = "tests/test_store_contract.py::"
+MATCH = C + "test_pages_match_a_time_range_a_literal_key_prefix_and_a_status"
+
+MUTANTS = [
+    Mutant(
+        name="listing-prefix-ignored",
+        path="gateway/store/pages.py",
+        old="if self.key_prefix and not record.key.startswith(self.key_prefix):",
+        new="if False:",
+        tests=(
+            MATCH + "[memory]",
+            C + "test_a_page_the_key_prefix_drops_reads_a_bounded_part[memory]",
+        ),
+        breaks="a listing for a key prefix shows every key",
+    ),
+    Mutant(
+        name="listing-status-ignored",
+        path="gateway/store/pages.py",
+        old="return self.status is None or upstream_status(record) == self.status",
+        new="return True",
+        tests=(MATCH + "[memory]",),
+        breaks="a listing for an upstream status shows every status",
+    ),
+    Mutant(
+        name="memory-listing-floor-ignored",
+        path="gateway/store/memory.py",
+        old='bottom = 0 if floor is None else bisect.bisect_left(order, (floor, ""))',
+        new="bottom = 0",
+        tests=(MATCH + "[memory]",),
+        breaks="a listing's time range shows records from before it starts",
+    ),
+    Mutant(
+        name="redis-listing-floor-ignored",
+        path="gateway/store/redis/lua/list.lua",
+        old="local lo, hi = floor ~= '' and floor or '-inf', top ~= '' and top or '+inf'",
+        new="local lo, hi = '-inf', top ~= '' and top or '+inf'",
+        tests=(MATCH + "[redis]",),
+        breaks="a listing's time range shows records from before it starts (Redis)",
+    ),
+    Mutant(
+        name="pg-listing-until-ignored",
+        path="gateway/store/postgres/listing.py",
+        old='            ranged.append("r.{place} <= $6")\n',
+        new="            pass\n",
+        tests=(MATCH + "[postgres]",),
+        breaks="a listing's time range shows records from after it ends (PostgreSQL)",
+    ),
+    Mutant(
+        name="sqlite-listing-floor-ignored",
+        path="gateway/store/sqlite/listing.py",
+        old='            where.append("place >= ?")\n            args.append(floor)\n',
+        new="            pass\n",
+        tests=(MATCH + "[sqlite]",),
+        breaks="a listing's time range shows records from before it starts (SQLite)",
+    ),
+]
