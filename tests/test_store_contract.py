@@ -1388,6 +1388,54 @@ async def test_a_page_the_key_prefix_drops_reads_a_bounded_part(store: Store) ->
     assert [r.digest for p in pages for r in p.records] == [wanted.digest]
 
 
+async def completed_after(
+    store: Store, key: str, status: int, route: str, ttl: float = 60
+) -> KeyRef:
+    """A delivery of `key` completed at its first attempt with `status`."""
+    r = KeyRef(ref().digest, route, key)
+    await store.accept(NewDelivery(r, "run-a", "fp", REQUEST, TOKEN))
+    assert (await picked(store, r)).record is not None
+    response = StoredResponse(status, (), b"")
+    attempt = {"result": "completed", "status": status}
+    assert await store.complete(r, "run-1", response, ttl, attempt)
+    await asyncio.sleep(0.002)
+    return r
+
+
+async def test_completed_deliveries_are_listed_by_route_while_kept(store: Store) -> None:
+    """A route's completed deliveries are listed by when each completed, beside its
+    parked ones, matched by status and key prefix, until their records expire; a sync
+    route's completed keys are not listed, and completed records are asked for by
+    route."""
+    route = unique("runs")
+    short = await completed_after(store, "job-short", 200, route, ttl=1.0)
+    done = [await completed_after(store, f"job-{i}", (200, 201)[i % 2], route) for i in range(3)]
+    parked = await parked_after(store, "job-parked", 503, route)
+    sync = KeyRef(ref().digest, route, "job-sync")
+    await store.claim(sync, "run-1", "fp", 30)
+    assert await store.complete(sync, "run-1", RESPONSE, 60)
+    both = frozenset({State.COMPLETED, State.PARKED})
+
+    async def listed(states: frozenset[State], **filters: Any) -> list[str]:
+        pages = await walk(store, states, 2, route=route, **filters)
+        return [r.digest for p in pages for r in p.records]
+
+    finished = [short.digest, *(r.digest for r in done)]
+    assert await listed(both) == [*finished, parked.digest]
+    rows = (await store.list_records(frozenset({State.COMPLETED}), route=route)).records
+    assert [r.state for r in rows] == [State.COMPLETED] * 4
+    assert await listed(both, match=Match(status=201)) == [done[1].digest]
+    assert await listed(both, match=Match(status=503)) == [parked.digest]
+    assert await listed(both, match=Match(key_prefix="job-s")) == [short.digest]
+    with pytest.raises(ValueError):
+        await store.list_records(frozenset({State.COMPLETED}))
+    await asyncio.sleep(1.2)  # the short one's record expires
+    assert await listed(frozenset({State.COMPLETED})) == [r.digest for r in done]
+    # A later completion (trimming what expired on Redis) lists on as before.
+    late = await completed_after(store, "job-late", 200, route)
+    assert await listed(frozenset({State.COMPLETED})) == [*(r.digest for r in done), late.digest]
+
+
 async def _redis_evals(store: Store) -> int | None:
     """EVALSHA calls the store's one Redis server has answered; None for other stores."""
     if not isinstance(store, RedisStore) or store.cluster:

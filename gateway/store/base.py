@@ -521,9 +521,13 @@ class Store(OperatorRoster):
         (an in-flight record: its state's age) and that `match` keeps (its time range
         over the places, from the indexes; its key prefix, taken literally, and its
         upstream status, dropped after reading like the rest), from `cursor` ("" or a
-        page's `next` or `prev`; InvalidCursor for any other text), in the order and with the
-        promise of store/pages.py: a record in a listed state throughout a walk is
-        listed exactly once. `next` is "" only where nothing more matches; a page
+        page's `next` or `prev`; InvalidCursor for any other text). Completed records
+        are a route's completed deliveries (ValueError without `route`), listed by
+        when each completed while their records are kept (its response_ttl; Redis
+        drops an entry from its index at a later completion in its bucket past that
+        ttl), never a sync route's keys. In the order and with the promise of
+        store/pages.py: a record in a listed state throughout a walk is listed exactly
+        once. `next` is "" only where nothing more matches; a page
         may be short, even empty, with `next` set, where the filters dropped what the
         store read within its bound (pages.READ_ROUNDS), so a caller walks on while
         `next` is set. Read from the state indexes, never the keyspace: O(limit)

@@ -60,6 +60,8 @@ from gateway.store.pages import (
     Page,
     Position,
     check_limit,
+    check_states,
+    listed_completed,
     page_of,
     place_of,
 )
@@ -138,7 +140,7 @@ class MemoryStore(Store):
         if self._filed.get(record.digest) == (record.state, record.route, place):
             return
         self._unfile(record.digest)
-        if record.state in _LISTED:
+        if record.state in _LISTED or listed_completed(record):
             order = self._order.setdefault((record.state, record.route), [])
             bisect.insort(order, (place, record.digest))
             self._filed[record.digest] = (record.state, record.route, place)
@@ -754,6 +756,7 @@ class MemoryStore(Store):
     ) -> Page:
         now = now_ms()
         start, wanted = Cursor.decode(cursor), check_limit(limit)
+        check_states(states, route)
         self._purge(now)
         backward = start is not None and start.backward
         ceiling, floor = match.ceiling(now, older_than), match.floor()

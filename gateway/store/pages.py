@@ -4,9 +4,11 @@ where a page starts (`Cursor`, opaque to callers), and the page itself (`Page`,
 
 A listing goes by (place, digest), ascending: a record's place is the time it entered
 its state, by the store's clock (a queued or retrying delivery's: when it is due; an
-in-flight record's: when its lease ends). A cursor is the position of a page's first
-or last row and a direction; the page after it holds the records whose position
-follows it when that page is read.
+in-flight record's: when its lease ends; a completed delivery's: when it completed).
+Completed deliveries are listed by route (`check_states`), while their records are
+kept (the route's response_ttl); completed keys of sync routes are never listed.
+A cursor is the position of a page's first or last row and a direction; the page
+after it holds the records whose position follows it when that page is read.
 
 So a walk with `next` (`prev` walks back alike): a record in a listed state throughout
 is listed exactly once, and none is skipped or repeated while records around it
@@ -94,6 +96,19 @@ class Match:
 
 #: A listing's match when it asks for nothing more.
 ANY = Match()
+
+
+def check_states(states: frozenset[State], route: str | None) -> None:
+    """ValueError for completed records asked for without a route: a route's completed
+    deliveries are an index of their own, and every route's at once would be a walk
+    over every route's."""
+    if State.COMPLETED in states and route is None:
+        raise ValueError("completed deliveries are listed by route: name one")
+
+
+def listed_completed(record: Record) -> bool:
+    """Whether a completed record is filed for listings: a delivery's is."""
+    return record.state is State.COMPLETED and record.delivery
 
 
 class InvalidCursor(ValueError):

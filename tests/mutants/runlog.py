@@ -2,6 +2,7 @@ from tests.mutants import Mutant
 
 C = "tests/test_store_contract.py::"
 MATCH = C + "test_pages_match_a_time_range_a_literal_key_prefix_and_a_status"
+DONE = C + "test_completed_deliveries_are_listed_by_route_while_kept"
 
 MUTANTS = [
     Mutant(
@@ -54,5 +55,37 @@ MUTANTS = [
         new="            pass\n",
         tests=(MATCH + "[sqlite]",),
         breaks="a listing's time range shows records from before it starts (SQLite)",
+    ),
+    Mutant(
+        name="listing-sync-completed",
+        path="gateway/store/pages.py",
+        old="return record.state is State.COMPLETED and record.delivery",
+        new="return record.state is State.COMPLETED",
+        tests=(DONE + "[memory]", DONE + "[sqlite]"),
+        breaks="a route's completed listing shows sync keys, which have no run log",
+    ),
+    Mutant(
+        name="redis-completion-unlisted",
+        path="gateway/store/redis/lua/complete.lua",
+        old="  list_completed(now, ttl)\n",
+        new="",
+        tests=(DONE + "[redis]",),
+        breaks="a completed delivery is missing from its route's run log (Redis)",
+    ),
+    Mutant(
+        name="pg-listing-shows-expired",
+        path="gateway/store/postgres/listing.py",
+        old='"(r.expires_ms IS NULL OR r.expires_ms > (SELECT now FROM t))"',
+        new='"TRUE"',
+        tests=(DONE + "[postgres]",),
+        breaks="an expired completed delivery is still listed (PostgreSQL)",
+    ),
+    Mutant(
+        name="sqlite-listing-shows-expired",
+        path="gateway/store/sqlite/listing.py",
+        old='where.append("(expires_ms IS NULL OR expires_ms > ?)")',
+        new='where.append("(expires_ms IS NULL OR expires_ms > ? OR 1)")',
+        tests=(DONE + "[sqlite]",),
+        breaks="an expired completed delivery is still listed (SQLite)",
     ),
 ]

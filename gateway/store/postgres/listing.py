@@ -11,6 +11,7 @@ page, merged by the planner (a Merge Append reads only what the page needs):
     unresolved, parked, claimed   gateway_records_listed  (prefix, state, route, since_ms, digest)
     queued, retrying              gateway_records_waiting (prefix, state, route, due_ms, digest)
     in_flight                     gateway_records_leases  (prefix, lease_until_ms)
+    completed (deliveries)        gateway_records_listed  (a route's: pages.check_states)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from gateway.store.pages import (
     Page,
     Position,
     check_limit,
+    check_states,
     page_of,
 )
 from gateway.store.postgres.database import Database, decode_record, expand
@@ -39,6 +41,7 @@ _PLACE = {
     State.QUEUED: "due_ms",
     State.RETRYING: "due_ms",
     **{state: "since_ms" for state in OPEN_STATES},
+    State.COMPLETED: "since_ms",
 }
 
 
@@ -67,9 +70,12 @@ class PostgresListing:
         match: Match = ANY,
     ) -> Page:
         start, wanted = Cursor.decode(cursor), check_limit(limit)
+        check_states(states, route)
         counted = sorted(state for state in states if state in COUNTED_STATES)
         if route is not None:
             pairs = [(state, route) for state in counted]
+            if State.COMPLETED in states:
+                pairs.append((State.COMPLETED, route))
         elif counted:
             rows = await self.db.fetch("counted")
             pairs = [(State(r["state"]), r["route"]) for r in rows if State(r["state"]) in states]
@@ -149,6 +155,11 @@ class PostgresListing:
             where = [f"r.state = '{state.value}'", f"r.route = ${len(args)}"]
             if older_than > 0:
                 where.append(f"r.{place} <= (SELECT now FROM t) - $4")
+            if state is State.COMPLETED:  # a delivery's, kept until it expires
+                where += [
+                    "r.delivery",
+                    "(r.expires_ms IS NULL OR r.expires_ms > (SELECT now FROM t))",
+                ]
             where += [bound.format(place=place) for bound in ranged]
             scans.append(self._scan(place, where, start, beyond, order))
         if flying:

@@ -8,6 +8,7 @@ reads, under each bucket's hash tag `{b}`:
                                 (kept by the scripts: _lib.lua's move())
     idem:{b}:i:<state>:<route>  zset: a route's members of a counted state, by place
     idem:{b}:i:in_flight        zset: the bucket's in-flight members, by lease deadline
+    idem:{b}:i:completed:<route> zset: a route's completed deliveries, by completion
 
 A page is a merge of the state indexes of every bucket, in (place, digest) order.
 list.lua returns one bucket's next candidates after (or before) a position; the
@@ -42,6 +43,7 @@ from gateway.store.pages import (
     Page,
     Position,
     check_limit,
+    check_states,
     page_of,
 )
 from gateway.store.redis.admission import ClusterAdmission, repair_marks
@@ -260,6 +262,7 @@ class RedisListing:
         match: Match = ANY,
     ) -> Page:
         start, wanted = Cursor.decode(cursor), check_limit(limit)
+        check_states(states, route)
         streams, now = await self._streams(states, route, older_than, match)
         found: list[tuple[Position, Record]] = []
         more, at, rounds = bool(streams), start, 0
@@ -314,6 +317,8 @@ class RedisListing:
                     for (s, name) in sorted(counts[bucket])
                     if s in states
                 ]
+            if State.COMPLETED in states:  # a route's own (check_states)
+                chosen.append((f"{tag}i:completed:{route}", State.COMPLETED, top, ""))
             if State.IN_FLIGHT in states:  # every route's: filtered in the script
                 chosen.append((tag + "i:in_flight", State.IN_FLIGHT, lease_top, route or ""))
             if chosen:

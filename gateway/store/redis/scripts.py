@@ -2,7 +2,7 @@
 call's EVALSHA, packed from a template per (script, route, bucket).
 
 Every record script's call is `EVALSHA <sha> <n> <keys> <member> <channel> <args...>`
-(the keys and the two leading ARGV: RedisStore._layout; n is 11 on one server, 10 on a
+(the keys and the two leading ARGV: RedisStore._layout; n is 12 on one server, 11 on a
 Cluster, which keeps the route's admission marks apart). Of its leading arguments only
 the record's digest varies within a bucket and route: it is in the record's key, the
 request's key and the member `digest/route`; the bucket's indexes, counts and

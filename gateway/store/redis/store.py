@@ -19,6 +19,9 @@ route `r`:
     idem:{b}:rq:..., i:queued:r, i:retrying:r    deliveries: see redis/delivery.py
     idem:{b}:ls              hash: route -> ms of its last success completed in the
                              bucket (last_successes reads every bucket's, takes the max)
+    idem:{b}:i:completed:r   zset: route r's completed deliveries by when each completed
+                             (entries past the route's response_ttl trimmed at each
+                             completion): the run log's listing
     idem:{q:r}:admitted      zset: route r's admission marks (delivery.max_queued):
                              see redis/admission.py
 
@@ -194,6 +197,7 @@ class RedisStore(PartsStore):
             tag + "n",
             tag + "rq:" + digest,
             tag + "ls",
+            f"{tag}i:completed:{route}",
         ]
         if not self.cluster:  # a Cluster's scripts touch one slot: redis/admission.py
             keys.append(admission_key(self.prefix, route))

@@ -136,7 +136,7 @@ class RedisTransfer:
     async def _write(self, item: ExportedRecord) -> int:
         r = item.record
         ref = KeyRef(r.digest, r.route, r.key)
-        listed = r.state not in (State.COMPLETED, State.RELEASED)
+        listed = r.state is not State.RELEASED and (r.state is not State.COMPLETED or r.delivery)
         args = (
             str(r.state), r.since_ms, r.run_id, r.fingerprint, r.created_ms, r.route, r.key,
             r.lease_until_ms or "", item.response or b"", r.reason,

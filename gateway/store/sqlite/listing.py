@@ -24,6 +24,7 @@ from gateway.store.pages import (
     Page,
     Position,
     check_limit,
+    check_states,
     page_of,
 )
 from gateway.store.sqlite.rows import SELECT, Effects, Host
@@ -91,6 +92,7 @@ class SqliteListing:
         match: Match = ANY,
     ) -> Page:
         start, wanted = Cursor.decode(cursor), check_limit(limit)
+        check_states(states, route)
         backward = start is not None and start.backward
 
         def op(conn: sqlite3.Connection, now: int, fx: Effects) -> Page:
@@ -105,6 +107,8 @@ class SqliteListing:
             ]
             if State.IN_FLIGHT in states:  # not counted: one walk over every route's
                 pairs.append((State.IN_FLIGHT, route))
+            if State.COMPLETED in states:  # not counted either: the route's own walk
+                pairs.append((State.COMPLETED, route))
             # What drops rows after reading (the in-flight walk's age filter, the
             # match's key prefix and status) reads READ_ROUNDS pages' worth, the rest a
             # page.
@@ -168,6 +172,9 @@ class SqliteListing:
         if route is not None:
             where.append("route = ?")
             args.append(route)
+        if state is State.COMPLETED:  # kept until it expires; the reaper deletes it later
+            where.append("(expires_ms IS NULL OR expires_ms > ?)")
+            args.append(now)
         floor, ceiling = bounds
         if floor is not None:
             where.append("place >= ?")

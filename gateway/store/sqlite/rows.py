@@ -28,9 +28,10 @@ from gateway.records import (
 )
 from gateway.store.base import ExpiredPolicy, Opener, duration_ms
 from gateway.store.notices import Due
-from gateway.store.pages import COUNTED_STATES, place_of
+from gateway.store.pages import COUNTED_STATES, listed_completed, place_of
 
-#: The states a listing shows (pages.place_of gives their place); the others have none.
+#: The states a listing shows (pages.place_of gives their place); the others have none
+#: (but completed deliveries: pages.listed_completed).
 LISTED = COUNTED_STATES | {State.IN_FLIGHT}
 
 #: A record's columns, as written by `write` (the blobs are written apart).
@@ -138,7 +139,8 @@ class Rows:
         an expiry of `ttl` seconds if given; `blobs` (response, request, token) are
         written when named (None clears one). A settled record's request goes."""
         expires = None if ttl is None else record.now_ms + duration_ms(ttl)
-        place = place_of(record) if record.state in LISTED else None
+        listed = record.state in LISTED or listed_completed(record)
+        place = place_of(record) if listed else None
         values = (
             record.digest, record.route, record.key, str(record.state), record.run_id,
             record.fingerprint, record.created_ms, record.since_ms, record.lease_until_ms,

@@ -6,19 +6,20 @@
 --   KEYS[8] the bucket's counts of records per state and route (field `state/route`,
 --   for the counted states: every one of KEYS[3..7]), KEYS[9] the record's stored
 --   request (deliveries only; deleted when the key settles), KEYS[10] the bucket's
---   last success per route (written by complete.lua).
---   KEYS[11], on one server (not a Cluster, whose scripts touch one slot): the route's
+--   last success per route (written by complete.lua), KEYS[11] the route's completed
+--   deliveries (by when each completed: the run log's listing; list_completed()).
+--   KEYS[12], on one server (not a Cluster, whose scripts touch one slot): the route's
 --   admission marks, a zset of the digests of its queued and retrying deliveries (and
 --   of accepts under way) by when each was marked: its size is what delivery.max_queued
 --   bounds. On a Cluster the store marks them in the route's slot itself
---   (redis/admission.py), and KEYS[11] is absent.
+--   (redis/admission.py), and KEYS[12] is absent.
 -- ARGV[1] is the record's index member ("digest/route"), ARGV[2] its bucket's
 -- sharded channel `...:c` (same tag), so every script runs unchanged on Redis Cluster.
 local R = KEYS[1]
 local MEMBER, CHANNEL = ARGV[1], ARGV[2]
 local INDEX = {in_flight = KEYS[2], unresolved = KEYS[3], parked = KEYS[4], claimed = KEYS[5],
   queued = KEYS[6], retrying = KEYS[7]}
-local COUNTS, RQ, LS, ADMITTED = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+local COUNTS, RQ, LS, DONE, ADMITTED = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local SLASH = string.find(MEMBER, '/', 1, true) or 0
 local ROUTE = string.sub(MEMBER, SLASH + 1)
 local DIGEST = string.sub(MEMBER, 1, SLASH - 1)
@@ -90,7 +91,7 @@ local function count(state, by)
   end
 end
 
--- Keep the route's admission marks (on one server; see KEYS[11]): a delivery that
+-- Keep the route's admission marks (on one server; see KEYS[12]): a delivery that
 -- starts waiting is marked, one that stops is not.
 local function admission(from, to, now)
   if not ADMITTED then return end
@@ -132,11 +133,23 @@ end
 -- settled record drops them (settle() here, and complete.lua, which inlines it).
 local OPEN_RUN_FIELDS = {'l', 'ck', 'op', 'os'}
 
+-- A delivery completed at `now`, kept `ttl_ms`: listed by when it completed. Its
+-- record expires by itself, its entry does not: each completion trims the entries
+-- completed longer than its ttl ago, whose records have expired (a listing drops one
+-- whose record is gone before it is trimmed).
+local function list_completed(now, ttl_ms)
+  redis.call('ZADD', DONE, now, MEMBER)
+  redis.call('ZREMRANGEBYSCORE', DONE, '-inf', now - tonumber(ttl_ms))
+end
+
 -- Completed records expire; released ones stay as tombstones (for their history)
 -- until the ttl, and the next claim takes over from them.
 -- A delivery's stored request goes in the same step.
 local function settle(from, to, now, ttl_ms, notice)
   move(from, to, now, nil, notice)
+  if to == 'completed' and redis.call('HEXISTS', R, 'dl') == 1 then
+    list_completed(now, ttl_ms)
+  end
   redis.call('HDEL', R, unpack(OPEN_RUN_FIELDS))
   redis.call('PEXPIRE', R, ttl_ms)
   redis.call('DEL', RQ)

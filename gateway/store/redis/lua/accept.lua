@@ -3,7 +3,7 @@
 -- delivery's claim. ARGV: member, channel, run_id, fingerprint, route, key, request
 -- (sealed), token (sealed), limit (the route's delivery.max_queued; '' none),
 -- expired-lease policy, origin. On one server the limit is decided here, on the
--- route's admission marks (KEYS[11]); on a Cluster the store decided it on the
+-- route's admission marks (KEYS[12]); on a Cluster the store decided it on the
 -- route's slot first and sends '' (admitted) or '0' (full).
 -- Returns {1, now} queued, {2, now} full (not admitted: nothing stored), else
 -- {0, now, field, value, ...} (the record; its request is not in the hash).

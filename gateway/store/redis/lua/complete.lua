@@ -6,7 +6,8 @@
 -- the record is (now) completed by this run, else 0: nothing changes. Every first
 -- request runs this, so it reads the record once (HMGET) and does what settle() and
 -- notify() do inline: 6 commands where the helpers take 11 (a success adds reading
--- and writing LS; a delivery's, deleting its request and its last attempt).
+-- and writing LS; a delivery's, deleting its request, listing it as completed and
+-- its last attempt).
 local ttl = ms_arg(5)
 local rec = redis.call('HMGET', R, 's', 'r', 'h', 'w', 'f', 'dl')
 local state = rec[1]
@@ -24,6 +25,7 @@ redis.call('HDEL', R, 'why', unpack(OPEN_RUN_FIELDS))
 redis.call('PEXPIRE', R, ttl)
 if rec[6] then
   redis.call('DEL', RQ)
+  list_completed(now, ttl)
   if ARGV[7] ~= '' then redis.call('HSET', R, 'la', ARGV[7]) end
 end
 if ARGV[8] == '1' then  -- newer only: a master's clock may step back (a failover)

@@ -26,6 +26,7 @@ if ARGV[23] ~= '' then redis.call('HSET', R, 'tk', ARGV[23]) end
 if ARGV[24] ~= '' then redis.call('SET', RQ, ARGV[24]) end
 if ttl then redis.call('PEXPIRE', R, ttl) end
 if INDEX[state] then redis.call('ZADD', INDEX[state], ARGV[26], MEMBER) end
+if state == 'completed' and ARGV[19] ~= '' then redis.call('ZADD', DONE, ARGV[26], MEMBER) end
 if COUNTED[state] then count(state, 1) end
 if ADMITTED and PENDING[state] then redis.call('ZADD', ADMITTED, ARGV[26], DIGEST) end
 return 1
