@@ -30,8 +30,8 @@ MUTANTS = [
     Mutant(
         name="memory-order-keeps-the-old-place",
         path="gateway/store/memory.py",
-        old="        self._unfile(record.digest)\n        if record.state in _LISTED:",
-        new="        if record.state in _LISTED:",
+        old="        self._unfile(record.digest)\n        if record.state in _LISTED or",
+        new="        if record.state in _LISTED or",
         tests=(
             C + "test_counts_follow_every_move[memory]",
             C + "test_pages_cover_every_record_exactly_once_while_others_change_state[memory]",
