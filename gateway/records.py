@@ -337,6 +337,11 @@ class Record:
         return max(0, self.now_ms - self.created_ms) / 1000
 
     @property
+    def upstream_status(self) -> int | None:
+        """`upstream_status(self)`: the upstream's status at the last attempt."""
+        return upstream_status(self)
+
+    @property
     def state_age(self) -> float:
         return max(0, self.now_ms - (self.since_ms or self.created_ms)) / 1000
 
@@ -371,6 +376,7 @@ class Record:
                 "attempts": self.attempts,
                 "next_attempt_ms": self.due_ms or None,
                 "last_attempt": self.last_attempt,
+                "runs": [attempt.to_json() for attempt in attempts_of(self)],
             }
         # The current run's start is implied by `created_ms`, not stored twice; a
         # history carried over from released runs comes before it. A delivery's

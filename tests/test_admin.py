@@ -900,10 +900,12 @@ async def test_a_listing_row_is_the_records_json_in_short(admin_for: Callable[..
             "last_reconcile",
             "holder",
             "holder_since_ms",
+            "upstream_status",
             "attempts",
             "next_attempt_ms",
         }
         assert row["attempts"] is None and row["next_attempt_ms"] is None  # not deliveries
+        assert row["upstream_status"] is None  # timed out: no answer
         for name in ("route", "key", "digest", "state", "run_id"):
             assert row[name] == doc[name] == summary(record)[name]
         assert row["reason"] == record.reason == "upstream timed out"
@@ -980,6 +982,51 @@ async def test_deliveries_are_listed_by_their_states(admin_for: Callable[..., An
     assert parked[refs["parked"].key]["next_attempt_ms"] is None
 
 
+async def test_the_run_log_lists_a_routes_deliveries_by_status_time_and_key_prefix(
+    admin_for: Callable[..., Any],
+) -> None:
+    """A route's deliveries in every state, completed ones included, narrowed by the
+    upstream status, a time range and a literal key prefix; each row says its status,
+    and a key's record its attempts."""
+    api: Admin = await admin_for()
+    refs = await deliveries(api)
+    key = unique("done")
+    done = KeyRef(record_digest(ROUTE, "", key), ROUTE, key)
+    request = StoredRequest("POST", "/jobs/i", (), b"{}")
+    await asyncio.sleep(0.005)  # completed surely after the others were placed
+    assert (await api.store.accept(NewDelivery(done, "run-a", "fp", request, "T" * 22))).outcome
+    assert (await api.store.pick(ROUTE, done, "run-1", 60, 8, "replica-b")).record is not None
+    response = StoredResponse(200, (), b"")
+    attempt = {"result": "completed", "status": 200}
+    assert await api.store.complete(done, "run-1", response, 60, attempt)
+    every = "completed,queued,retrying,in_flight,parked,unresolved,claimed"
+
+    async def keys(**params: str) -> list[str]:
+        answer = await api.http.get(
+            "/admin/keys", params={"state": every, "route": ROUTE, **params}
+        )
+        assert answer.status_code == 200, answer.text
+        return sorted(row["key"] for row in answer.json()["keys"])
+
+    assert await keys() == sorted([done.key, *(r.key for r in refs.values())])
+    assert await keys(status="503") == sorted([refs["retrying"].key, refs["parked"].key])
+    assert await keys(status="200") == [done.key]
+    assert await keys(key_prefix=done.key[:6]) == [done.key]
+    assert await keys(key_prefix="don_") == []  # no wildcard
+    record = await api.record(done)
+    assert await keys(since=str(record.since_ms)) == [done.key, refs["retrying"].key]
+    assert await keys(until=str(record.since_ms - 1)) == sorted(
+        [refs["queued"].key, refs["parked"].key]
+    )
+    rows = (await api.http.get("/admin/keys", params={"state": every, "route": ROUTE})).json()
+    statuses = {row["key"]: row["upstream_status"] for row in rows["keys"]}
+    assert statuses[done.key] == 200 and statuses[refs["queued"].key] is None
+    shown = (await api.http.get(path(done))).json()
+    [run] = shown["delivery"]["runs"]
+    assert run["replica"] == "replica-b" and run["outcome"] == "completed"
+    assert run["status"] == 200 and run["failure"] is None and run["duration_ms"] >= 0
+
+
 async def test_retry_queues_a_parked_delivery_with_fresh_attempts(
     admin_for: Callable[..., Any],
 ) -> None:
@@ -1003,9 +1050,25 @@ async def test_retry_queues_a_parked_delivery_with_fresh_attempts(
 @MEMORY
 async def test_bad_listing_filters_name_the_filter(admin_for: Callable[..., Any]) -> None:
     api: Admin = await admin_for()
-    state = await api.http.get("/admin/keys", params={"state": "parked,completed"})
+    state = await api.http.get("/admin/keys", params={"state": "parked,released"})
     assert_problem(state, BadFilter, field="state")
-    assert "'completed'" in state.json()["detail"] and "in_flight" in state.json()["detail"]
+    assert "'released'" in state.json()["detail"] and "in_flight" in state.json()["detail"]
+    done = await api.http.get("/admin/keys", params={"state": "parked,completed"})
+    assert_problem(done, BadFilter, field="route")
+    assert "listed by route" in done.json()["detail"]
+    for name, value in (
+        ("status", "\u0665\u0660\u0663"),
+        ("status", "99"),
+        ("status", "5031"),
+        ("since", "2026-13-01T00:00"),
+        ("since", "\uff12\uff10\uff12\uff16-01-01T00:00"),
+        ("until", "-5"),
+        ("key_prefix", "k" * 1025),
+    ):
+        bad = await api.http.get("/admin/keys", params={name: value})
+        assert_problem(bad, BadFilter, field=name)
+    empty = await api.http.get("/admin/keys", params={"since": "2000", "until": "1000"})
+    assert_problem(empty, BadFilter, field="until")
     age = await api.http.get("/admin/keys", params={"older_than": "a while"})
     assert_problem(age, BadFilter, field="older_than")
     assert age.json()["detail"].startswith("older_than is not a duration")

@@ -7,6 +7,7 @@ to real gateways; these check each rule alone, in microseconds, with a clock giv
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
@@ -30,7 +31,8 @@ from gateway.console.timeline import timeline
 from gateway.console.wording import refusal_for
 from gateway.errors import HeldByAnother, InvalidTransition, NotTheHolder, UnknownKey
 from gateway.keying import record_digest
-from gateway.records import KeyRef, Record, State
+from gateway.records import KeyRef, Record, State, StoredRequest, StoredResponse
+from gateway.store.base import NewDelivery
 from gateway.store.memory import MemoryStore
 from gateway.store.pages import PAGE_SIZE, READ_ROUNDS
 from gateway.store.redis import RedisStore
@@ -180,7 +182,7 @@ def test_text_that_shows_nothing_is_spelled_out_and_posted_back_as_it_is() -> No
     row = {
         "route": "charge", "key": INVISIBLE_KEY, "digest": "0f" * 16, "state": "parked",
         "state_age": 3.0, "holder": "", "holder_since_ms": 0, "reason": "timed out \u202e",
-        "delivery": False, "since_ms": 1, "created_ms": 1,
+        "delivery": False, "since_ms": 1, "created_ms": 1, "upstream_status": None,
     }  # fmt: skip
     table = env.get_template("keys_table.html").render(
         rows=[row], read_ms=1, total=1, older_than="", first_url="", prev_url="", next_url=""
@@ -688,3 +690,74 @@ async def test_an_empty_page_with_more_to_follow_says_so_and_links_on(console: C
         last = await client.get(found.group(1).replace("&amp;", "&"))
         assert "<tr data-key=" not in last.text and 'rel="next"' not in last.text
         assert "No key waits in these states after the previous page." in last.text
+
+
+async def delivered(console: Console, key: str, status: int, completed: bool = False) -> KeyRef:
+    """A delivery of `key` after one attempt by replica-a that got `status`: completed,
+    or parked (no attempt left)."""
+    store = console.gateway.store
+    ref = KeyRef(record_digest(ROUTE, "", key), ROUTE, key)
+    request = StoredRequest("POST", "/c", (), b"{}")
+    assert (await store.accept(NewDelivery(ref, "run-a", "fp", request, "T" * 22))).outcome
+    assert (await store.pick(ROUTE, ref, "run-1", 60, 8, "replica-a")).record is not None
+    if completed:
+        attempt = {"result": "completed", "status": status}
+        assert await store.complete(ref, "run-1", StoredResponse(status, (), b""), 60, attempt)
+    else:
+        attempt = {"result": "exhausted", "status": status, "error": f"upstream answered {status}"}
+        assert await store.retry_later(ref, "run-1", None, attempt)
+    await asyncio.sleep(0.002)  # each a place of its own
+    return ref
+
+
+@pytest.mark.anyio
+async def test_the_keys_page_filters_the_run_log_and_a_key_shows_its_attempts(
+    console: Console,
+) -> None:
+    """The keys form's run-log fields (a route's completed deliveries, the upstream
+    status, a literal key prefix, a time range) narrow the table, and carry on to the
+    next page and the live refresh; a delivery's page shows each attempt."""
+    first = await delivered(console, "inv-1", 503)
+    await delivered(console, "inv-2", 503)
+    await delivered(console, "inv-3", 200, completed=True)
+    await delivered(console, "other", 503)
+    await delivered(console, "in%v", 503)
+    states = [("state", "parked"), ("state", "completed"), ("route", ROUTE)]
+    async with console.client() as client:
+        await sign_in(client, "alice")
+
+        async def keys(**fields: str) -> list[str]:
+            page = await client.get("/console/keys?" + urlencode([*states, *fields.items()]))
+            assert page.status_code == 200, page.text
+            return re.findall(r'<tr data-key="([^"]+)">', page.text)
+
+        assert await keys() == ["inv-1", "inv-2", "inv-3", "other", "in%v"]
+        assert await keys(key_prefix="inv") == ["inv-1", "inv-2", "inv-3"]
+        assert await keys(key_prefix="in%") == ["in%v"]
+        assert await keys(key_prefix="in_") == []
+        assert await keys(key_prefix="inv", status="503") == ["inv-1", "inv-2"]
+        assert await keys(status="200") == ["inv-3"]
+        placed = (await console.record(first)).since_ms
+        assert await keys(until=str(placed)) == ["inv-1"]
+        assert await keys(since=str(placed + 1), status="503") == ["inv-2", "other", "in%v"]
+        page = await client.get("/console/keys?" + urlencode([*states, ("key_prefix", "inv")]))
+        assert 'name="key_prefix" type="text" value="inv"' in page.text
+        assert "in these states" not in page.text  # the counts know no key prefix
+        refresh = re.search(r'data-refresh="([^"]+)"', page.text)
+        assert refresh and "key_prefix=inv" in refresh.group(1)
+        assert '<td class="num status">503</td>' in page.text
+        hostile = await client.get("/console/keys", params={"key_prefix": '"><script>x'})
+        assert hostile.status_code == 200 and "<script>x" not in hostile.text
+        for name, value in (("status", "\u0665\u0660\u0663"), ("since", "soon")):
+            bad = await client.get("/console/keys", params={name: value})
+            assert bad.status_code == 400 and name in bad.text
+        unrouted = await client.get("/console/keys", params={"state": "completed"})
+        assert unrouted.status_code == 400 and "listed by route" in unrouted.text
+        shown = await client.get(key_url(first.route, first.key, first.digest))
+        assert shown.status_code == 200
+        attempts = shown.text[shown.text.index("<h2>Attempts</h2>") :]
+        row = re.search(r'<tr data-attempt="1">(.*?)</tr>', attempts, re.S)
+        assert row is not None
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+        assert cells[0] == "1" and cells[2] == "replica-a" and cells[3].endswith(" ms")
+        assert cells[4:7] == ["parked", "503", "status: upstream answered 503"]

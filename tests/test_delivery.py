@@ -8,6 +8,7 @@ gateway's own (`Gateway.start`), woken by the store's notices.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from gateway.engine.outbound import Origin
 from gateway.errors import StoreError
 from gateway.headers import NO_PROXIES, TrustedProxies, forwarded_headers
 from gateway.keying import RequestParts, record_digest
-from gateway.records import KeyRef, Record, State, StoredResponse
+from gateway.records import KeyRef, Record, State, StoredResponse, attempts_of
 from gateway.store.base import Accepted, NewDelivery
 from gateway.store.memory import MemoryStore
 from tests.conftest import ALL_STORES, GatewayClient, config_for, unique, upstream_count
@@ -294,6 +295,20 @@ async def test_retries_until_the_upstream_answers(gateway_for: Build, upstream: 
     async with httpx.AsyncClient() as client:
         counts = (await client.get(f"{upstream.url}/_counts", params={"prefix": key})).json()
     assert counts["answers"][key] == {"503": 3, "200": 1}  # one delivery, three refusals
+    # The run log: each attempt, its replica, how long, its status, the next due time.
+    runs = attempts_of(record)
+    assert [(a.number, a.outcome, a.status) for a in runs] == [
+        (1, "retry_scheduled", 503),
+        (2, "retry_scheduled", 503),
+        (3, "retry_scheduled", 503),
+        (4, "completed", 200),
+    ]
+    assert [a.failure for a in runs] == ["status", "status", "status", ""]
+    assert all(a.replica and a.run_id and a.duration_ms is not None for a in runs)
+    for earlier, later in itertools.pairwise(runs):
+        assert earlier.ended_ms <= earlier.next_due_ms <= later.started_ms
+        assert earlier.detail == "upstream answered 503"
+    assert runs[-1].next_due_ms == 0 and runs[-1].detail == ""
 
 
 async def test_never_sent_is_retried(gateway_for: Build) -> None:
@@ -310,6 +325,8 @@ async def test_never_sent_is_retried(gateway_for: Build) -> None:
         await asyncio.sleep(0.05)
     assert record.last_attempt["result"] == "retry_scheduled"
     assert record.last_attempt["error"].startswith("not sent")
+    assert attempts_of(record)[0].failure == "not_sent"
+    assert attempts_of(record)[0].status is None
     down.start()
     try:
         record = await wait_for_state(gw, key, State.COMPLETED)

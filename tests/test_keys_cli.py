@@ -57,7 +57,9 @@ class Admin:
     def parked_delivery(self) -> tuple[str, str]:
         """A delivery whose one attempt got 503 (the upstream's first run of the key
         fails; the second succeeds): its key and status URL."""
-        key = unique("deliver")
+        return self.parked_delivery_as(unique("deliver"))
+
+    def parked_delivery_as(self, key: str) -> tuple[str, str]:
         with httpx.Client(base_url=self.proxy, timeout=10) as client:
             answer = client.post("/jobs/deliver", json={"job_key": key}, params={"fail_first": "1"})
             assert answer.status_code == 202, answer.text
@@ -235,6 +237,7 @@ def test_retry_queues_a_parked_delivery_and_it_is_delivered_once(
         "FOR",
         "ATTEMPTS",
         "NEXT",
+        "STATUS",
         "HOLDER",
         "SINCE",
         "REASON",
@@ -638,3 +641,70 @@ def test_a_refusal_of_another_shape_is_one_line() -> None:
     """A 409 that says held-by-another-operator without naming the holder: one line."""
     body = b'{"type": "https://x/held-by-another-operator", "title": "held"}'
     assert_one_line_error(*answered_by(body, 409, ["claim", ROUTE, "k"]), 1, "not the operator API")
+
+
+@pytest.mark.usefixtures("dead_default")
+def test_the_run_log_lists_a_routes_deliveries_by_filter_and_shows_each_attempt(
+    admin: Admin, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`keys list` with the run log's filters (completed deliveries of a route, a key
+    prefix taken literally, the upstream status, a time range) and `keys show`'s
+    attempts: when, which replica, how long, the status or the failure's class."""
+    prefix = unique("run%_*")
+    parked, _ = admin.parked_delivery_as(prefix + "-parked")
+    done = prefix + "-done"
+    with httpx.Client(base_url=admin.proxy, timeout=10) as client:
+        answer = client.post("/jobs/deliver", json={"job_key": done})
+        assert answer.status_code == 202, answer.text
+        admin.until(client, answer.headers["location"], "completed")
+    states = ["--state", "completed,parked,queued,retrying,in_flight"]
+    table_of = ["keys", "--admin-url", admin.url, "list", "--route", DELIVERED, *states]
+    runs = [*table_of, "--json"]
+
+    def keys(*extra: str) -> list[str]:
+        return [row["key"] for row in run_json([*runs, *extra], capsys)["keys"]]
+
+    assert keys("--key-prefix", prefix) == [parked, done]
+    assert keys("--key-prefix", "run_") == []  # `_` is no wildcard: "run%" is no match
+    assert keys("--key-prefix", prefix, "--status", "503") == [parked]
+    assert keys("--key-prefix", prefix, "--status", "200") == [done]
+    listing = run_json([*runs, "--key-prefix", prefix], capsys)
+    assert [row["upstream_status"] for row in listing["keys"]] == [503, 200]
+    [completed] = [row for row in listing["keys"] if row["state"] == "completed"]
+    placed = run_json(["keys", "--admin-url", admin.url, "show", DELIVERED, done, "--json"], capsys)
+    since = placed["history"][-1]["at_ms"]
+    assert keys("--key-prefix", prefix, "--since", str(since)) == [done]
+    assert keys("--key-prefix", prefix, "--until", str(since - 1)) == [parked]
+    assert keys("--key-prefix", prefix, "--since", "2999-01-01T00:00Z") == []
+    assert completed["attempts"] == 1
+    shown = run_json(
+        ["keys", "--admin-url", admin.url, "show", DELIVERED, parked, "--json"], capsys
+    )
+    [attempt] = shown["delivery"]["runs"]
+    assert attempt["attempt"] == 1 and attempt["replica"]
+    assert attempt["outcome"] == "parked" and attempt["status"] == 503
+    assert attempt["failure"] == "status" and attempt["next_due_ms"] is None
+    assert 0 <= attempt["duration_ms"] == attempt["ended_ms"] - attempt["started_ms"]
+    assert cli.main(["keys", "--admin-url", admin.url, "show", DELIVERED, parked]) == 0
+    text = capsys.readouterr().out
+    runs_at = text.index("runs:\n")
+    assert text[runs_at:].split("\n")[1].split() == [
+        "#", "STARTED", "REPLICA", "TOOK", "OUTCOME", "STATUS", "FAILURE", "NEXT", "DUE", "DETAIL",
+    ]  # fmt: skip
+    assert " parked " in text[runs_at:] and " 503 " in text[runs_at:]
+    assert cli.main([*table_of, "--key-prefix", prefix]) == 0  # the table: its status
+    table = capsys.readouterr().out.split("\n")
+    assert table[0].split()[4:7] == ["ATTEMPTS", "NEXT", "STATUS"]
+    assert table[1].split()[2] == "parked" and " 503 " in table[1]
+    # Bad filters: one line each, naming the filter; completed keys need a route.
+    for extra, said in (
+        (["--status", "٥٠٣"], "status is an HTTP status"),
+        (["--status", "600"], "status is an HTTP status"),
+        (["--since", "yesterday"], "since is a time"),
+        (["--since", "2026-02-30T00:00Z"], "since is a time"),
+        (["--since", "2000", "--until", "1000"], "until is before since"),
+    ):
+        assert cli.main(["keys", "--admin-url", admin.url, "list", *extra]) == 1
+        assert said in capsys.readouterr().err, extra
+    assert cli.main(["keys", "--admin-url", admin.url, "list", "--state", "completed"]) == 1
+    assert "listed by route" in capsys.readouterr().err

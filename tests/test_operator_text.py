@@ -297,7 +297,22 @@ HOSTILE_FILTERS: list[tuple[str, str]] = [
     ("limit", "9" * 5000),
     ("limit", "1\x00"),
     ("limit", "\u0662"),
+    ("status", "\x00"),
+    ("status", "5\x0003"),
+    ("status", "\u0665\u0660\u0663"),
+    ("status", "9" * 5000),
+    ("status", "+503"),
+    ("since", "\x00"),
+    ("since", "9" * 5000),
+    ("since", "2026-12-04T17:05\x00"),
+    ("until", "\ud800"),
+    ("until", "2026-12-04T25:00"),
+    ("key_prefix", "x" * 5000),
 ]
+
+#: Key prefixes that are text like any other: taken literally, never a pattern, and
+#: never sent to the store (a NUL byte that PostgreSQL would refuse in text included).
+LITERAL_PREFIXES = ["\x00", "%", "_", "*", "[a-z]", "\\", "\ud800", "'; --", "x" * 1024]
 
 
 @pytest.mark.parametrize("store_kind", STORES)
@@ -328,6 +343,31 @@ async def test_every_listing_filter_refuses_hostile_values_up_front(
             assert page.status_code == 400, (field, value, page.text[:300])
             for word in ("asyncpg", "psycopg", "Traceback", "invalid byte"):
                 assert word not in page.text
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+
+
+@pytest.mark.parametrize("store_kind", STORES)
+async def test_a_key_prefix_is_text_never_a_pattern_on_every_store(
+    site: Site, store_kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Key prefixes of pattern characters, a NUL byte, a lone surrogate, SQL: each lists
+    the keys that start with those characters (none here), 200 from the API and the
+    console, and nothing of it reaches the store's driver."""
+    ref = await site.parked()
+    caplog.set_level(logging.ERROR)
+    async with site.api() as api, site.browser() as browser:
+        await console_session(browser)
+        for prefix in LITERAL_PREFIXES:
+            query = "key_prefix=" + quote(prefix.encode("utf-8", "surrogatepass"), safe="")
+            answer = await api.get("/admin/keys?" + query)
+            assert answer.status_code == 200, (prefix, answer.text[:300])
+            assert answer.json()["keys"] == [], prefix
+            page = await browser.get("/console/keys?" + query)
+            assert page.status_code == 200, (prefix, page.text[:300])
+            assert "<tr data-key=" not in page.text
+        answer = await api.get("/admin/keys", params={"key_prefix": ref.key[:5]})
+        assert [row["key"] for row in answer.json()["keys"]] == [ref.key]
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, [r.getMessage() for r in errors]
 

@@ -51,7 +51,7 @@ from gateway.errors import (
 )
 from gateway.operators import actions
 from gateway.operators.identity import Operator, audit_sign_in
-from gateway.records import KeyRef, Record
+from gateway.records import KeyRef, Record, upstream_status
 
 if TYPE_CHECKING:
     from gateway.assembly import Gateway
@@ -272,14 +272,19 @@ async def overview(request: Request) -> Response:
 
 async def list_keys(request: Request) -> Response:
     """One page (`limit`, 100 by default), the longest waiting first; `next_cursor`
-    and `prev_cursor` walk on (null where the listing ends)."""
+    and `prev_cursor` walk on (null where the listing ends). `since`, `until`, `status`
+    and `key_prefix` narrow it (the run log: a route's deliveries, completed ones
+    included with state=completed)."""
     gateway, _ = authenticate(request)
     query = request.query_params
     states = actions.parse_states(query.get("state", "unresolved,parked,claimed"))
     older_than = actions.parse_age(query.get("older_than"))
     limit = actions.parse_limit(query.get("limit"))
+    match = actions.parse_match(
+        query.get("since"), query.get("until"), query.get("status"), query.get("key_prefix")
+    )
     page = await actions.list_keys(
-        gateway, states, query.get("route"), older_than, query.get("cursor", ""), limit
+        gateway, states, query.get("route"), older_than, query.get("cursor", ""), limit, match
     )
     rows = [summary(r) for r in page.records]
     return JSONResponse(
@@ -375,6 +380,7 @@ def summary(record: Record) -> dict[str, Any]:
         "last_reconcile": doc.get("reconcile"),
         "holder": doc.get("holder"),
         "holder_since_ms": doc.get("holder_since_ms") or None,
+        "upstream_status": upstream_status(record),
         # null on a key of a sync route
         "attempts": doc["delivery"]["attempts"] if "delivery" in doc else None,
         "next_attempt_ms": doc["delivery"]["next_attempt_ms"] if "delivery" in doc else None,

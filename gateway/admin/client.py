@@ -212,6 +212,9 @@ def _print_record(doc: dict[str, Any]) -> None:
         print(f"attempts: {delivery['attempts']}" + (f", next {_when(due)}" if due else ""))
         if delivery.get("last_attempt"):
             print(f"last attempt: {json.dumps(delivery['last_attempt'])}")
+        if delivery.get("runs"):
+            print("runs:")
+            print(_indented(_table(_run_rows(delivery["runs"]), _RUN_HEADER)))
     response = doc.get("response")
     if response and "status" in response:
         omitted = ", body omitted" if response.get("body_omitted") else ""
@@ -235,6 +238,37 @@ def _print_record(doc: dict[str, Any]) -> None:
     print("history:")
     for event in doc.get("history", []):
         print(f"  {_when(event['at_ms'])}  {describe_event(event)}")
+
+
+_RUN_HEADER = [
+    "#", "STARTED", "REPLICA", "TOOK", "OUTCOME", "STATUS", "FAILURE", "NEXT DUE", "DETAIL",
+]  # fmt: skip
+
+
+def _run_rows(runs: list[dict[str, Any]]) -> list[list[str]]:
+    """A delivery's attempts as `keys show` prints them: when, which replica, how long,
+    the status or the failure's class, the next due time."""
+    rows = []
+    for run in runs:
+        took = run.get("duration_ms")
+        rows.append(
+            [
+                str(run["attempt"]),
+                _when(run.get("started_ms")),
+                run.get("replica") or "",
+                "" if took is None else f"{took} ms",
+                run["outcome"],
+                "" if run.get("status") is None else str(run["status"]),
+                run.get("failure") or "",
+                _when(run.get("next_due_ms")),
+                run.get("detail") or "",
+            ]
+        )
+    return rows
+
+
+def _indented(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
 
 
 def _print_overview(doc: dict[str, Any]) -> None:
@@ -385,6 +419,9 @@ def _list(args: argparse.Namespace, client: AdminClient) -> tuple[int, Any]:
         query["route"] = args.route
     if args.older_than:
         query["older_than"] = args.older_than
+    for name in ("since", "until", "status", "key_prefix"):
+        if getattr(args, name) is not None:
+            query[name] = getattr(args, name)
     if args.limit is not None:
         query["limit"] = str(args.limit)
     cursor = args.cursor or ""
@@ -415,10 +452,15 @@ def _print_list(doc: dict[str, Any]) -> None:
     ]
     header = ["ROUTE", "KEY", "STATE", "FOR", "HOLDER", "SINCE", "REASON", "LAST CHECK"]
     if any(k.get("attempts") is not None for k in doc["keys"]):  # deliveries listed
-        header[4:4] = ["ATTEMPTS", "NEXT"]
+        header[4:4] = ["ATTEMPTS", "NEXT", "STATUS"]
         for row, k in zip(rows, doc["keys"], strict=True):
             attempts, due = k.get("attempts"), k.get("next_attempt_ms")
-            row[4:4] = ["" if attempts is None else str(attempts), _when(due) if due else ""]
+            status = k.get("upstream_status")
+            row[4:4] = [
+                "" if attempts is None else str(attempts),
+                _when(due) if due else "",
+                "" if status is None else str(status),
+            ]
     print(_table(rows, header))
     print(f"\n{doc['count']} key(s)", end="")
     if doc.get("next_cursor"):
@@ -471,10 +513,17 @@ def add_parser(sub: Any) -> None:
     listing.add_argument(
         "--state",
         default="unresolved,parked,claimed",
-        help="comma-separated: in_flight, unresolved, parked, claimed, queued, retrying",
+        help="comma-separated: in_flight, unresolved, parked, claimed, queued, retrying, "
+        "completed (with --route: a route's completed deliveries)",
     )
     listing.add_argument("--route")
     listing.add_argument("--older-than", help="e.g. 10m")
+    listing.add_argument(
+        "--since", help="placed at or after: UTC as 2026-12-04T17:05:00Z, or epoch ms"
+    )
+    listing.add_argument("--until", help="placed at or before: as --since")
+    listing.add_argument("--status", help="the upstream's status at the last attempt, e.g. 503")
+    listing.add_argument("--key-prefix", help="keys starting with these characters (no wildcards)")
     listing.add_argument(
         "--limit", type=int, help="keys a page (1 to 1000; the gateway's default: 100)"
     )

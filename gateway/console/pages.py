@@ -34,7 +34,8 @@ from gateway.operators import actions
 from gateway.operators.identity import Role, audit_sign_in
 from gateway.operators.redaction import ShownRequest, UnreadableRequest
 from gateway.operators.text import NOTE_LIMIT
-from gateway.records import KeyRef, Record, State
+from gateway.records import KeyRef, Record, State, attempts_of, upstream_status
+from gateway.store.pages import ANY
 
 #: What the keys page shows when no state is ticked: the keys that wait for a person.
 DEFAULT_STATES = ("unresolved", "parked", "claimed")
@@ -68,10 +69,15 @@ async def overview_page(request: Request) -> Response:
     return page(request, "overview.html", context)
 
 
-def _filters(request: Request) -> tuple[list[str], str, str]:
+#: The run log's fields of the keys page's form, as the API names them.
+MATCH_FIELDS = ("since", "until", "status", "key_prefix")
+
+
+def _filters(request: Request) -> tuple[list[str], str, str, dict[str, str]]:
     query = request.query_params
     states = [s for s in query.getlist("state") if s] or list(DEFAULT_STATES)
-    return states, query.get("route", ""), query.get("older_than", "")
+    matched = {name: query.get(name, "") for name in MATCH_FIELDS}
+    return states, query.get("route", ""), query.get("older_than", ""), matched
 
 
 async def _rows(request: Request) -> tuple[dict[str, Any], int]:
@@ -79,7 +85,7 @@ async def _rows(request: Request) -> tuple[dict[str, Any], int]:
     all, the links to the pages around it, and the page's status (400 for a bad
     filter). The store reads a page and its counts, whatever the number of keys."""
     gateway = gateway_of(request)
-    states, route, older_than = _filters(request)
+    states, route, older_than, matched = _filters(request)
     cursor = request.query_params.get("cursor", "")
     refusal: Refusal | None = None
     page = None
@@ -87,11 +93,14 @@ async def _rows(request: Request) -> tuple[dict[str, Any], int]:
     try:
         wanted = actions.parse_states(",".join(states))
         age = actions.parse_age(older_than)
-        page = await actions.list_keys(gateway, wanted, route or None, age, cursor)
-        total = await actions.totals(gateway, wanted, route or None)
+        match = actions.parse_match(**matched)
+        page = await actions.list_keys(gateway, wanted, route or None, age, cursor, match=match)
+        if match == ANY:  # the counts are by state and route alone
+            total = await actions.totals(gateway, wanted, route or None)
     except BadFilter as exc:
         refusal = refusal_for(exc)
     filters = [("state", s) for s in states] + [("route", route), ("older_than", older_than)]
+    filters += [(name, value) for name, value in matched.items() if value]
 
     def at(where: str, path: str = "/keys") -> str:
         return f"{PREFIX}{path}?" + urlencode(filters + ([("cursor", where)] if where else []))
@@ -106,6 +115,7 @@ async def _rows(request: Request) -> tuple[dict[str, Any], int]:
         "states": states,
         "route": route,
         "older_than": older_than,
+        "matched": matched,
         "routes": [r.name for r in gateway.config.routes],
         "all_states": list(actions.LISTABLE),
         "fragment_url": at(cursor, "/keys/rows"),
@@ -128,6 +138,7 @@ def rows_tag(context: dict[str, Any]) -> str:
             r.attempts,
             r.due_ms,
             r.last_check_ms,
+            upstream_status(r),
         )
         for r in context["rows"]
     ]
@@ -176,6 +187,7 @@ async def key_context(request: Request, who: Visitor, record: Record) -> dict[st
     return base(who, "keys") | {
         "record": record,
         "timeline": timeline(record),
+        "runs": attempts_of(record) if record.delivery else [],
         "request_shown": stored if isinstance(stored, ShownRequest) else None,
         "request_unreadable": stored.reason if isinstance(stored, UnreadableRequest) else "",
         "response_headers": actions.stored_response_headers(gateway, record),

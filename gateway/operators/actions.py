@@ -13,6 +13,7 @@ one JSON log line: who, role, what, route, key, client. Every refusal is an `Ope
 
 from __future__ import annotations
 
+import calendar
 import dataclasses
 import logging
 import re
@@ -21,6 +22,7 @@ from typing import Any, Literal, Protocol
 
 from gateway.config import Config, parse_duration
 from gateway.config import Route as RouteConfig
+from gateway.digits import whole_number
 from gateway.encryption import Unreadable
 from gateway.errors import (
     BadFilter,
@@ -53,7 +55,7 @@ from gateway.operators.text import check_note
 from gateway.records import DIGEST, OPEN_STATES, QUEUE_STATES, KeyRef, Record, State
 from gateway.shared_read import SharedRead
 from gateway.store.base import Counts, OperatorResult, Store
-from gateway.store.pages import MAX_PAGE_SIZE, PAGE_SIZE, InvalidCursor, Page
+from gateway.store.pages import ANY, MAX_PAGE_SIZE, PAGE_SIZE, InvalidCursor, Match, Page
 
 log = logging.getLogger("gateway.operator")
 
@@ -87,6 +89,7 @@ LISTABLE = {
     "claimed": State.CLAIMED,
     "queued": State.QUEUED,  # deliveries of async routes, from the due indexes
     "retrying": State.RETRYING,
+    "completed": State.COMPLETED,  # a route's completed deliveries, while kept
 }
 DEFAULT_STATES = frozenset(OPEN_STATES)
 #: A record's id as `keys.record_digest` makes it and a listing gives it.
@@ -171,6 +174,77 @@ def parse_limit(text: str | None) -> int:
     return int(text)
 
 
+#: A time as `keys` prints one (UTC), or as a browser's datetime-local field sends it:
+#: 2026-12-04T17:05 or 2026-12-04 17:05:09Z. ASCII digits only.
+_TIME = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})[T ]([0-9]{2}):([0-9]{2})(?::([0-9]{2}))?Z?")
+#: Milliseconds since the epoch as a listing's time may be given: at most 15 digits.
+_MS_DIGITS = 15
+#: The longest key prefix a listing takes (a key of a `hash` source is 71 characters;
+#: the longest a template makes is bounded by the request's own limits).
+MAX_KEY_PREFIX = 1024
+
+
+def parse_time(text: str | None, name: str) -> int:
+    """A listing's `since` or `until` (`name`): milliseconds since the epoch (ASCII
+    digits), or a UTC time as `keys` prints it (2026-12-04T17:05, seconds and `Z`
+    optional, a space for `T`); 0 when not given. BadFilter for anything else."""
+    if text is None or text == "":
+        return 0
+    ms = whole_number(text, _MS_DIGITS)
+    if ms is not None:
+        return ms
+    match = _TIME.fullmatch(text)
+    if match is not None:
+        year, month, day, hour, minute = (int(part) for part in match.groups()[:5])
+        second = int(match[6] or 0)
+        if 1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]:
+            if hour < 24 and minute < 60 and second < 60 and year >= 1970:
+                moment = (year, month, day, hour, minute, second)
+                return calendar.timegm((*moment, 0, 0, 0)) * 1000
+    raise BadFilter(
+        f"{name} is a time: milliseconds since the epoch, or UTC as "
+        "2026-12-04T17:05:00Z (seconds and Z optional).",
+        field=name,
+    )
+
+
+def parse_status(text: str | None) -> int | None:
+    """A listing's upstream status filter (None when not given): 100 to 599, three
+    ASCII digits; BadFilter otherwise."""
+    if text is None or text == "":
+        return None
+    status = whole_number(text, 3)
+    if status is None or not 100 <= status <= 599:
+        raise BadFilter("status is an HTTP status: three digits, 100 to 599.", field="status")
+    return status
+
+
+def parse_key_prefix(text: str | None) -> str:
+    """A listing's key prefix ("" when not given), taken as the characters it is: no
+    character in it is a pattern. BadFilter past MAX_KEY_PREFIX characters."""
+    if text is None:
+        return ""
+    if len(text) > MAX_KEY_PREFIX:
+        raise BadFilter(f"key_prefix is at most {MAX_KEY_PREFIX} characters.", field="key_prefix")
+    return text
+
+
+def parse_match(
+    since: str | None, until: str | None, status: str | None, key_prefix: str | None
+) -> Match:
+    """A listing's match from its fields as given (query parameters, form fields):
+    BadFilter for any that is not valid, or a range that ends before it starts."""
+    match = Match(
+        since_ms=parse_time(since, "since"),
+        until_ms=parse_time(until, "until"),
+        status=parse_status(status),
+        key_prefix=parse_key_prefix(key_prefix),
+    )
+    if match.since_ms and match.until_ms and match.until_ms < match.since_ms:
+        raise BadFilter("until is before since: the range is empty.", field="until")
+    return match
+
+
 async def list_keys(
     gateway: Parts,
     states: Iterable[State] = DEFAULT_STATES,
@@ -178,15 +252,24 @@ async def list_keys(
     older_than: float = 0.0,
     cursor: str = "",
     limit: int = PAGE_SIZE,
+    match: Match = ANY,
 ) -> Page:
     """One page of the records in `states`, of `route` if given, in their state at
-    least `older_than` seconds (a waiting delivery: due that long ago); the longest
-    waiting first, from `cursor` (a page's `next` or `prev`; "" for the first).
-    BadFilter for a cursor no listing gave, or a route no route's name."""
+    least `older_than` seconds (a waiting delivery: due that long ago) and kept by
+    `match`; the longest waiting first, from `cursor` (a page's `next` or `prev`; ""
+    for the first). BadFilter for a cursor no listing gave, a route no route's name,
+    or completed keys without a route."""
     route = parse_route(route)
+    states = frozenset(states)
+    if State.COMPLETED in states and route is None:
+        raise BadFilter(
+            "Completed keys are listed by route: add route=<name> (a route's completed "
+            "deliveries, while their records are kept).",
+            field="route",
+        )
     try:
         return await gateway.store.list_records(
-            frozenset(states), route=route, older_than=older_than, cursor=cursor, limit=limit
+            states, route=route, older_than=older_than, cursor=cursor, limit=limit, match=match
         )
     except InvalidCursor:
         raise BadFilter(
@@ -198,11 +281,11 @@ async def list_keys(
 
 async def totals(gateway: Parts, states: Iterable[State], route: str | None = None) -> int | None:
     """How many records are in `states` (of `route` if given), from the counts the
-    store keeps (whatever their age); None when an in-flight state is asked for
-    (in-flight records are not counted)."""
+    store keeps (whatever their age); None when an in-flight or completed state is
+    asked for (neither is counted)."""
     route = parse_route(route)
     wanted = frozenset(states)
-    if State.IN_FLIGHT in wanted:
+    if State.IN_FLIGHT in wanted or State.COMPLETED in wanted:
         return None
     total = 0
     if wanted & OPEN_STATES:

@@ -122,8 +122,8 @@ MUTANTS = [
     Mutant(
         name="listing-route-filter-unchecked",
         path="gateway/operators/actions.py",
-        old="    route = parse_route(route)\n    try:\n",
-        new="    try:\n",
+        old="    route = parse_route(route)\n    states = frozenset(states)\n",
+        new="    states = frozenset(states)\n",
         tests=(T + "test_every_listing_filter_refuses_hostile_values_up_front",),
         breaks="`GET /admin/keys?route=%00` reaches the store: PostgreSQL refuses the NUL "
         "byte (503, its error logged), the others list nothing instead of saying why",

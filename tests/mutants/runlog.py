@@ -3,6 +3,16 @@ from tests.mutants import Mutant
 C = "tests/test_store_contract.py::"
 MATCH = C + "test_pages_match_a_time_range_a_literal_key_prefix_and_a_status"
 DONE = C + "test_completed_deliveries_are_listed_by_route_while_kept"
+CLI = (
+    "tests/test_keys_cli.py::"
+    "test_the_run_log_lists_a_routes_deliveries_by_filter_and_shows_each_attempt"
+)
+ADMIN = "tests/test_admin.py::"
+CONSOLE = (
+    "tests/test_console_parts.py::"
+    "test_the_keys_page_filters_the_run_log_and_a_key_shows_its_attempts"
+)
+RETRIES = "tests/test_delivery.py::test_retries_until_the_upstream_answers"
 
 MUTANTS = [
     Mutant(
@@ -87,5 +97,48 @@ MUTANTS = [
         new='where.append("(expires_ms IS NULL OR expires_ms > ? OR 1)")',
         tests=(DONE + "[sqlite]",),
         breaks="an expired completed delivery is still listed (SQLite)",
+    ),
+    Mutant(
+        name="listing-status-any-digits",
+        path="gateway/operators/actions.py",
+        old="    status = whole_number(text, 3)\n",
+        new="    status = int(text) if text.strip().isdigit() and len(text) < 9 else None\n",
+        tests=(
+            ADMIN + "test_bad_listing_filters_name_the_filter[memory]",
+            "tests/test_operator_text.py::test_every_listing_filter_refuses_hostile_values_up_front",
+        ),
+        breaks="a status filter of another script's digits (٥٠٣) is read as 503",
+    ),
+    Mutant(
+        name="listing-time-any-date",
+        path="gateway/operators/actions.py",
+        old="if 1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]:",
+        new="if True:",
+        tests=(CLI, ADMIN + "test_bad_listing_filters_name_the_filter[memory]"),
+        breaks="a time range from a date that does not exist (February 30) is taken",
+    ),
+    Mutant(
+        name="runs-replica-dropped",
+        path="gateway/records.py",
+        old='replica=str(event.get("replica", "")),',
+        new='replica="",',
+        tests=(CLI, CONSOLE, RETRIES),
+        breaks="a key's attempts do not say which replica made each",
+    ),
+    Mutant(
+        name="runs-next-due-dropped",
+        path="gateway/records.py",
+        old="next_due_ms=due if type(due) is int else 0,",
+        new="next_due_ms=0,",
+        tests=(RETRIES,),
+        breaks="a key's attempts do not say when the next one is due",
+    ),
+    Mutant(
+        name="console-run-log-unfiltered",
+        path="gateway/console/pages.py",
+        old="age, cursor, match=match)",
+        new="age, cursor)",
+        tests=(CONSOLE,),
+        breaks="the console's key prefix, status and time range fields change nothing",
     ),
 ]
