@@ -14,7 +14,7 @@ import hmac
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,6 +31,7 @@ from gateway.config import StoreConfig
 from gateway.errors import (
     PROBLEM_BASE,
     BadFilter,
+    BadOperatorRequest,
     BadOutcome,
     BadResponse,
     DigestRequired,
@@ -54,6 +55,8 @@ from gateway.operators.identity import Operator, Role
 from gateway.operators.response import check_response, operator_response
 from gateway.records import KeyRef, Record, State, StoredRequest, StoredResponse
 from gateway.store.base import NewDelivery, Store
+from gateway.store.memory import MemoryStore
+from gateway.store.pages import Page
 from gateway.store.redis import RedisStore
 from tests.conftest import config_for, unique
 from tests.support.servers import RedisServer
@@ -1025,6 +1028,81 @@ async def test_the_run_log_lists_a_routes_deliveries_by_status_time_and_key_pref
     [run] = shown["delivery"]["runs"]
     assert run["replica"] == "replica-b" and run["outcome"] == "completed"
     assert run["status"] == 200 and run["failure"] is None and run["duration_ms"] >= 0
+
+
+class MovesAfterListing(MemoryStore):
+    """A memory store that runs `then` once, after it read the first page of parked
+    keys: what others do while a bulk action walks its pages."""
+
+    then: Callable[[], Awaitable[None]] | None = None
+
+    async def list_records(self, states: frozenset[State], **kwargs: Any) -> Page:
+        page = await super().list_records(states, **kwargs)
+        then, self.then = self.then, None
+        if then is not None and states == {State.PARKED}:
+            await then()
+        return page
+
+
+async def parked_deliveries(api: Admin, count: int, status: int = 503) -> list[KeyRef]:
+    """`count` deliveries parked after one attempt the upstream answered `status`."""
+    request = StoredRequest("POST", "/jobs/i", (), b"{}")
+    refs = []
+    for _ in range(count):
+        key = unique("bulk")
+        ref = KeyRef(record_digest(ROUTE, "", key), ROUTE, key)
+        await api.store.accept(NewDelivery(ref, "run-a", "fp", request, "T" * 22))
+        assert (await api.store.pick(ROUTE, ref, "run-1", 60, 8, "replica-a")).record
+        attempt = {"result": "exhausted", "status": status, "error": f"answered {status}"}
+        assert await api.store.retry_later(ref, "run-1", None, attempt)
+        refs.append(ref)
+    return refs
+
+
+@MEMORY
+async def test_a_bulk_retry_skips_and_counts_the_keys_that_changed_meanwhile(
+    admin_for: Callable[..., Any],
+) -> None:
+    """Every parked delivery of the route with status 503, counted first, retried in one
+    call, each key's history naming the operator and the note; while the action walks,
+    alice claims one key herself and bob retries another: both are skipped and counted,
+    and left as they were. Another status's key is neither counted nor touched."""
+    store = MovesAfterListing()
+    api: Admin = await admin_for(store=store)
+    refs = await parked_deliveries(api, 6)
+    [other] = await parked_deliveries(api, 1, status=500)
+    count = await api.http.get("/admin/bulk", params={"route": ROUTE, "status": "503"})
+    assert count.status_code == 200 and count.json() == {"route": ROUTE, "count": 6}
+
+    async def meanwhile() -> None:
+        assert (await store.operator_claim(refs[1], "alice", force=False)).ok
+        assert (await store.operator_claim(refs[2], "bob", force=False)).ok
+        assert (await store.operator_resolve(refs[2], "bob", "retry", "mine", None, 60)).ok
+
+    store.then = meanwhile
+    body = {"route": ROUTE, "status": "503", "outcome": "retry", "note": "upstream fixed"}
+    done = await api.http.post("/admin/bulk", json=body)
+    assert done.status_code == 200, done.text
+    assert done.json() == {"outcome": "retry", "acted": 4, "skipped": 2}
+    for ref in (refs[0], *refs[3:]):
+        record = await api.record(ref)
+        assert record.state is State.QUEUED and record.attempts == 0
+        resolved = record.history[-1]
+        assert (resolved["event"], resolved["operator"], resolved["note"]) == (
+            "resolved", "alice", "upstream fixed",
+        )  # fmt: skip
+    held = await api.record(refs[1])
+    assert held.state is State.CLAIMED and held.holder == "alice"
+    assert (await api.record(refs[2])).history[-1]["operator"] == "bob"
+    assert (await api.record(other)).state is State.PARKED
+    # A viewer acts on nothing; done needs a note; a route is required.
+    viewer = await api.as_("vera").post("/admin/bulk", json=body)
+    assert viewer.status_code == 403
+    no_note = await api.http.post("/admin/bulk", json={**body, "outcome": "done", "note": ""})
+    assert_problem(no_note, BadOperatorRequest, field="note")
+    unrouted = await api.http.post("/admin/bulk", json={"outcome": "retry"})
+    assert_problem(unrouted, BadFilter, field="route")
+    assert (await api.record(other)).state is State.PARKED
 
 
 async def test_retry_queues_a_parked_delivery_with_fresh_attempts(

@@ -23,6 +23,7 @@ import functools
 import json
 import logging
 import os
+from collections.abc import Mapping
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,7 @@ from starlette.routing import Mount, Route
 from gateway.console.site import create_console
 from gateway.digits import whole_number
 from gateway.errors import (
+    BadFilter,
     BadOperatorRequest,
     NotJsonObject,
     OperatorBodyTooLarge,
@@ -52,6 +54,7 @@ from gateway.errors import (
 from gateway.operators import actions
 from gateway.operators.identity import Operator, audit_sign_in
 from gateway.records import KeyRef, Record, upstream_status
+from gateway.store.pages import Match
 
 if TYPE_CHECKING:
     from gateway.assembly import Gateway
@@ -102,6 +105,8 @@ def create_admin_app(gateway: Gateway) -> Starlette:
             Route("/admin/me", me),
             Route("/admin/overview", overview),
             Route("/admin/keys", list_keys),
+            Route("/admin/bulk", bulk_count),
+            Route("/admin/bulk", bulk_resolve, methods=["POST"]),
             Route("/admin/keys/{route}/{key:key}/claim", claim_key, methods=["POST"]),
             Route("/admin/keys/{route}/{key:key}/resolve", resolve_key, methods=["POST"]),
             Route("/admin/keys/{route}/{key:key}", show_key),
@@ -339,6 +344,47 @@ async def resolve_key(request: Request) -> Response:
         given=body.get("operator"),
     )
     return JSONResponse(record.to_json())
+
+
+def _bulk_filters(fields: Mapping[str, Any]) -> tuple[float, Match]:
+    """A bulk action's filters (`older_than`, `status`, `reason`), as text; BadFilter
+    for any that is not."""
+    for name in ("older_than", "status", "reason", "route"):
+        value = fields.get(name)
+        if value is not None and not isinstance(value, str):
+            raise BadFilter(f"{name} is text.", field=name)
+    age = actions.parse_age(fields.get("older_than"))
+    return age, actions.parse_match(None, None, fields.get("status"), None, fields.get("reason"))
+
+
+async def bulk_count(request: Request) -> Response:
+    """How many parked deliveries of `route` a bulk action with these filters takes now."""
+    gateway, _ = authenticate(request)
+    query = request.query_params
+    age, match = _bulk_filters(query)
+    count = await actions.bulk_count(gateway, query.get("route"), age, match)
+    return JSONResponse({"route": query.get("route"), "count": count})
+
+
+async def bulk_resolve(request: Request) -> Response:
+    """Retry, or resolve done with a note, every parked delivery of a route matching the
+    filters: how many were resolved, and how many changed meanwhile and were skipped."""
+    gateway, operator = authenticate(request)
+    body = await _json_body(request, _MAX_ADMIN_BODY)
+    age, match = _bulk_filters(body)
+    outcome, note = body.get("outcome"), body.get("note")
+    done = await actions.bulk_resolve(
+        gateway,
+        operator,
+        body.get("route"),
+        outcome if isinstance(outcome, str) else "",
+        "" if note is None else note,
+        client_of(request),
+        older_than=age,
+        match=match,
+        given=body.get("operator"),
+    )
+    return JSONResponse(done.to_json())
 
 
 def _ref(gateway: Gateway, request: Request) -> KeyRef:

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from gateway.config import Config, parse_duration
@@ -230,15 +231,22 @@ def parse_key_prefix(text: str | None) -> str:
 
 
 def parse_match(
-    since: str | None, until: str | None, status: str | None, key_prefix: str | None
+    since: str | None,
+    until: str | None,
+    status: str | None,
+    key_prefix: str | None,
+    reason: str | None = None,
 ) -> Match:
     """A listing's match from its fields as given (query parameters, form fields):
     BadFilter for any that is not valid, or a range that ends before it starts."""
+    if reason is not None and len(reason) > MAX_KEY_PREFIX:
+        raise BadFilter(f"reason is at most {MAX_KEY_PREFIX} characters.", field="reason")
     match = Match(
         since_ms=parse_time(since, "since"),
         until_ms=parse_time(until, "until"),
         status=parse_status(status),
         key_prefix=parse_key_prefix(key_prefix),
+        reason=reason or "",
     )
     if match.since_ms and match.until_ms and match.until_ms < match.since_ms:
         raise BadFilter("until is before since: the range is empty.", field="until")
@@ -517,6 +525,129 @@ async def resolve(
             raise refusal(resolved, ref)
         gateway.metrics.operator_action(f"resolve_{outcome}", operator.role)
         return await show(gateway, ref)
+
+
+#: What a bulk action walks: the parked deliveries of one route.
+_PARKED = frozenset({State.PARKED})
+
+
+@dataclass(frozen=True, slots=True)
+class Bulk:
+    """What a bulk action did: `acted` keys resolved `outcome`, `skipped` keys that
+    changed meanwhile (no longer parked as listed, or taken by someone) and were left
+    as they were."""
+
+    outcome: str
+    acted: int
+    skipped: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"outcome": self.outcome, "acted": self.acted, "skipped": self.skipped}
+
+
+async def bulk_count(
+    gateway: Parts, route: str | None, older_than: float = 0.0, match: Match = ANY
+) -> int:
+    """How many parked deliveries of `route` a bulk action with these filters would take
+    now, walked a page at a time (what the console asks an operator to confirm)."""
+    route = _bulk_route(route)
+    count, cursor = 0, ""
+    while True:
+        page = await gateway.store.list_records(
+            _PARKED,
+            route=route,
+            older_than=older_than,
+            cursor=cursor,
+            limit=MAX_PAGE_SIZE,
+            match=match,
+        )
+        count += len(page.records)
+        if not page.next:
+            return count
+        cursor = page.next
+
+
+async def bulk_resolve(
+    gateway: Parts,
+    operator: Operator,
+    route: str | None,
+    outcome: str,
+    note: str,
+    client: Client,
+    *,
+    older_than: float = 0.0,
+    match: Match = ANY,
+    given: object = None,
+) -> Bulk:
+    """Resolve `outcome` ("retry": queued again with fresh attempts; "done", with a note:
+    completed with an operator's 2xx) every delivery of `route` parked when the action
+    starts and matching the filters, walked page by page, each with the per-key claim
+    and resolve (each key's move the store's own atomic one, its history naming the
+    operator and the note). A key that changed meanwhile (no longer parked since the
+    time it was listed with, or claimed by anyone, the operator included) is skipped
+    and counted, never acted on."""
+    permit(operator)
+    route = _bulk_route(route)
+    if outcome not in ("done", "retry"):
+        raise BadOutcome("done: they ran; retry: they did not, and are queued again.")
+    if not isinstance(note, str):
+        raise BadOperatorRequest("The note must be text.", field="note")
+    if outcome == "done" and not note.strip():
+        raise BadOperatorRequest("Say what was checked: a note is required.", field="note")
+    check_note(note)
+    acted = skipped = 0
+    cursor, started = "", 0
+    while True:
+        page = await gateway.store.list_records(
+            _PARKED, route=route, older_than=older_than, cursor=cursor, limit=PAGE_SIZE,
+            match=match,
+        )  # fmt: skip
+        if not started:
+            # Parked after the action began (a retried key that failed again): not
+            # taken, or a walk behind a failing upstream would never end.
+            started = page.now_ms
+            match = dataclasses.replace(match, until_ms=min(match.until_ms or started, started))
+        for listed in page.records:
+            if listed.since_ms > started:
+                continue
+            if await _bulk_one(gateway, operator, listed, outcome, note, client, given):
+                acted += 1
+            else:
+                skipped += 1
+        if not page.next:
+            return Bulk(outcome, acted, skipped)
+        cursor = page.next
+
+
+def _bulk_route(route: str | None) -> str:
+    name = parse_route(route)
+    if name is None:
+        raise BadFilter(
+            "A bulk action takes one route's parked deliveries: name it.", field="route"
+        )
+    return name
+
+
+async def _bulk_one(
+    gateway: Parts,
+    operator: Operator,
+    listed: Record,
+    outcome: str,
+    note: str,
+    client: Client,
+    given: object,
+) -> bool:
+    """One key of a bulk action: False, nothing done, when it changed since listed."""
+    ref = KeyRef(listed.digest, listed.route, listed.key)
+    now = await gateway.store.get(ref)
+    if now is None or now.state is not State.PARKED or now.since_ms != listed.since_ms:
+        return False
+    try:
+        await claim(gateway, operator, ref, False, client, given=given)
+        await resolve(gateway, operator, ref, outcome, note, None, client, given=given)
+    except (HeldByAnother, InvalidTransition, NotTheHolder, UnknownKey):
+        return False  # taken by someone between the read and the claim
+    return True
 
 
 class _audited:

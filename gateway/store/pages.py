@@ -62,22 +62,26 @@ class Match:
     """What a listing keeps besides its states and route: places in a time range (store
     clock ms, both ends included; 0: no bound), which the indexes serve, and the
     records whose key starts with `key_prefix` (a literal prefix: no character in it is
-    a pattern) and whose upstream status (records.upstream_status) is `status`, which a
-    store reads and drops within its bound (READ_ROUNDS), as it drops the rest."""
+    a pattern), whose reason holds `reason` (literal text too) and whose upstream status
+    (records.upstream_status) is `status`, which a store reads and drops within its
+    bound (READ_ROUNDS), as it drops the rest."""
 
     since_ms: int = 0
     until_ms: int = 0
     key_prefix: str = ""
     status: int | None = None
+    reason: str = ""
 
     @property
     def reads_past(self) -> bool:
         """Whether the store drops records after reading them for this match."""
-        return bool(self.key_prefix) or self.status is not None
+        return bool(self.key_prefix) or bool(self.reason) or self.status is not None
 
     def keeps(self, record: Record) -> bool:
         """Whether `record` passes what the indexes cannot serve."""
         if self.key_prefix and not record.key.startswith(self.key_prefix):
+            return False
+        if self.reason and self.reason not in record.reason:
             return False
         return self.status is None or upstream_status(record) == self.status
 

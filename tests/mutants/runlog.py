@@ -141,4 +141,14 @@ MUTANTS = [
         tests=(CONSOLE,),
         breaks="the console's key prefix, status and time range fields change nothing",
     ),
+    Mutant(
+        name="bulk-skips-nothing",
+        path="gateway/operators/actions.py",
+        old="if now is None or now.state is not State.PARKED or now.since_ms != listed.since_ms:",
+        new="if now is None:",
+        tests=(
+            ADMIN + "test_a_bulk_retry_skips_and_counts_the_keys_that_changed_meanwhile[memory]",
+        ),
+        breaks="a bulk action acts on a key that changed since it was listed (claimed meanwhile)",
+    ),
 ]
