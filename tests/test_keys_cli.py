@@ -42,10 +42,11 @@ DELIVERED = "deliver"
 
 
 class Admin:
-    def __init__(self, url: str, proxy: str, process: Process) -> None:
+    def __init__(self, url: str, proxy: str, process: Process, upstream_url: str = "") -> None:
         self.url = url
         self.proxy = proxy
         self.process = process
+        self.upstream_url = upstream_url
 
     def parked_key(self, key: str = "") -> str:
         key = key or unique("charge")
@@ -115,7 +116,9 @@ def admin(tmp_path_factory: pytest.TempPathFactory, upstream: Process) -> Iterat
     gateway = gateway_process(path, port, env=env).start()
     try:
         wait_for_port(admin_port)
-        yield Admin(f"http://127.0.0.1:{admin_port}", f"http://127.0.0.1:{port}", gateway)
+        yield Admin(
+            f"http://127.0.0.1:{admin_port}", f"http://127.0.0.1:{port}", gateway, upstream.url
+        )
     finally:
         gateway.stop()
 
@@ -708,3 +711,51 @@ def test_the_run_log_lists_a_routes_deliveries_by_filter_and_shows_each_attempt(
         assert said in capsys.readouterr().err, extra
     assert cli.main(["keys", "--admin-url", admin.url, "list", "--state", "completed"]) == 1
     assert "listed by route" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("dead_default")
+def test_a_bulk_retry_counts_first_then_delivers_each_parked_key_once(
+    admin: Admin, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`keys bulk ROUTE retry` counts the parked deliveries its filters take and changes
+    nothing; with --yes it retries them, each key's history naming the operator and
+    the note, and each is delivered once. A key bob holds is not taken."""
+    parked = [admin.parked_delivery()[0] for _ in range(4)]
+    held = admin.parked_delivery()[0]
+    bulk = ["keys", "--admin-url", admin.url, "bulk", DELIVERED, "retry", "--status", "503"]
+    claim = ["keys", "--admin-url", admin.url, "claim", DELIVERED, held, "--operator", "bob"]
+    assert cli.main(claim) == 0
+    capsys.readouterr()
+    counted = run_json([*bulk, "--json"], capsys)
+    assert counted["dry_run"] and counted["count"] >= 4
+    assert cli.main([*bulk, "--reason", "no such reason"]) == 0
+    assert "0 parked deliveries of deliver match; nothing changed" in capsys.readouterr().out
+    assert cli.main(bulk) == 0
+    assert "Run again with --yes" in capsys.readouterr().out
+    act = [*bulk, "--yes", "--operator", "alice", "--note", "upstream back"]
+    assert cli.main(act) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("retried: ") and "skipped (changed meanwhile): 0" in said
+    assert int(said.split()[1].rstrip(";")) >= 4
+    with httpx.Client(base_url=admin.proxy, timeout=10) as client:
+        for key in parked:
+            record = run_json(
+                ["keys", "--admin-url", admin.url, "show", DELIVERED, key, "--json"], capsys
+            )
+            resolved = [e for e in record["history"] if e["event"] == "resolved"]
+            assert [(e["operator"], e["outcome"], e["note"]) for e in resolved] == [
+                ("alice (shared token)", "retry", "upstream back")
+            ]
+        deadline = time.monotonic() + 10
+        for key in parked:
+            while True:
+                show = ["keys", "--admin-url", admin.url, "show", DELIVERED, key, "--json"]
+                if run_json(show, capsys)["state"] == "completed":
+                    break
+                assert time.monotonic() < deadline, key
+                time.sleep(0.05)
+        counts = client.get(f"{admin.upstream_url}/_counts", params={"prefix": "deliver"}).json()
+    for key in parked:
+        assert counts["answers"][key] == {"503": 1, "200": 1}, key  # delivered once
+    still = run_json(["keys", "--admin-url", admin.url, "show", DELIVERED, held, "--json"], capsys)
+    assert still["state"] == "claimed" and still["holder"] == "bob (shared token)"

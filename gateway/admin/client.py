@@ -112,7 +112,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
             continue
         bad = next((i for i, c in enumerate(value) if "\ud800" <= c <= "\udfff"), None)
         if bad is not None:
-            positional = name in ("route", "key") and args.keys_command != "list"
+            positional = name in ("route", "key", "outcome") and args.keys_command != "list"
             what = name if positional else "--" + name.replace("_", "-")
             raise BadArgument(
                 f"the {what} argument is not UTF-8 text (a byte \\x{ord(value[bad]) & 0xFF:02x} "
@@ -348,6 +348,8 @@ def _run(args: argparse.Namespace, client: AdminClient) -> int:
     command = args.keys_command
     if command == "list":
         status, doc = _list(args, client)
+    elif command == "bulk":
+        status, doc = _bulk(args, client)
     elif command == "overview":
         status, doc = client.call("GET", "/admin/overview")
     elif command == "whoami":
@@ -389,6 +391,8 @@ def _shown_doc(command: str, status: int, doc: dict[str, Any]) -> str:
             _print_problem(status, doc)
         elif command == "list":
             _print_list(doc)
+        elif command == "bulk":
+            _print_bulk(doc)
         elif command == "overview":
             _print_overview(doc)
         elif command == "whoami":
@@ -469,6 +473,35 @@ def _print_list(doc: dict[str, Any]) -> None:
         print()
 
 
+def _bulk(args: argparse.Namespace, client: AdminClient) -> tuple[int, Any]:
+    """Without --yes, how many parked deliveries the action would take; with it, the
+    action itself (each key through the per-key claim and resolve)."""
+    filters = {"route": args.route}
+    for name in ("reason", "older_than", "status"):
+        if getattr(args, name) is not None:
+            filters[name] = getattr(args, name)
+    if not args.yes:
+        status, doc = client.call("GET", "/admin/bulk?" + urlencode(filters))
+        if status < 400 and isinstance(doc, dict):
+            doc = {**doc, "outcome": args.outcome, "dry_run": True}
+        return status, doc
+    body: dict[str, Any] = {**filters, **_named(args, client), "outcome": args.outcome}
+    body["note"] = args.note or ""
+    return client.call("POST", "/admin/bulk", body)
+
+
+def _print_bulk(doc: dict[str, Any]) -> None:
+    word = "retried" if doc["outcome"] == "retry" else "resolved done"
+    if doc.get("dry_run"):
+        count = int(doc["count"])
+        print(
+            f"{count} parked deliver{'y' if count == 1 else 'ies'} of {doc['route']} match; "
+            f"nothing changed. Run again with --yes to have them {word}."
+        )
+        return
+    print(f"{word}: {int(doc['acted'])}; skipped (changed meanwhile): {int(doc['skipped'])}")
+
+
 def _retry(args: argparse.Namespace, client: AdminClient) -> tuple[int, Any]:
     """Claim (never by force: someone else's claim is theirs to resolve), then resolve
     `retry`: a parked delivery is queued again with fresh attempts, a sync key is freed
@@ -532,6 +565,23 @@ def add_parser(sub: Any) -> None:
     )
     listing.add_argument(
         "--all", action="store_true", help="every page from here on (they are read in turn)"
+    )
+    bulk = actions.add_parser(
+        "bulk",
+        help="retry, or resolve done, every parked delivery of a route matching filters",
+        parents=[shared],
+    )
+    bulk.add_argument("route")
+    bulk.add_argument("outcome", choices=["retry", "done"])
+    bulk.add_argument("--reason", help="keys whose reason holds this text")
+    bulk.add_argument("--older-than", help="parked at least this long, e.g. 10m")
+    bulk.add_argument("--status", help="the upstream's status at the last attempt, e.g. 503")
+    bulk.add_argument("--note", help="what you found (required with done)")
+    bulk.add_argument(
+        "--operator", help="with the shared token: the name to record (default $USER)"
+    )
+    bulk.add_argument(
+        "--yes", action="store_true", help="act; without it, only count what would be taken"
     )
     actions.add_parser(
         "overview",
