@@ -761,3 +761,41 @@ async def test_the_keys_page_filters_the_run_log_and_a_key_shows_its_attempts(
         cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
         assert cells[0] == "1" and cells[2] == "replica-a" and cells[3].endswith(" ms")
         assert cells[4:7] == ["parked", "503", "status: upstream answered 503"]
+
+
+@pytest.mark.anyio
+async def test_a_bulk_retry_is_counted_confirmed_and_said(console: Console) -> None:
+    """The bulk page counts the route's parked deliveries its filters take and asks to
+    confirm; the confirmed post retries each in the operator's name and says how many,
+    and how many changed meanwhile; a key held meanwhile is left to its holder."""
+    refs = [await delivered(console, f"b-{i}", 503) for i in range(3)]
+    other = await delivered(console, "b-500", 500)
+    async with console.client() as client:
+        token = await sign_in(client, "alice")
+        keys = await client.get("/console/keys", params={"route": ROUTE, "state": "parked"})
+        assert 'id="bulk-link"' in keys.text
+        counted = await client.get("/console/bulk", params={"route": ROUTE, "status": "503"})
+        assert counted.status_code == 200
+        assert "<strong>3</strong> parked deliveries of charge match" in counted.text
+        assert "Yes, resolve these 3" in counted.text
+        store = console.gateway.store
+        assert (await store.operator_claim(refs[0], "bob", force=False)).ok  # after the count
+        fields = {"csrf": token, "route": ROUTE, "status": "503", "reason": "", "older_than": ""}
+        no_note = await client.post("/console/bulk", data={**fields, "outcome": "done"})
+        assert no_note.status_code == 400 and "A note is required" in no_note.text
+        done = await client.post(
+            "/console/bulk", data={**fields, "outcome": "retry", "note": "provider back"}
+        )
+        assert done.status_code == 200, done.text
+        assert "Retried: 2; skipped, as they changed meanwhile: 0." in done.text
+        for ref in refs[1:]:
+            record = await console.record(ref)
+            assert record.state is State.QUEUED
+            assert record.history[-1]["operator"] == "alice"
+            assert record.history[-1]["note"] == "provider back"
+        assert (await console.record(refs[0])).holder == "bob"
+        assert (await console.record(other)).state is State.PARKED
+        forged = await client.post("/console/bulk", data={**fields, "csrf": "", "outcome": "retry"})
+        assert forged.status_code == 403
+        unrouted = await client.get("/console/bulk")
+        assert unrouted.status_code == 400 and "name it" in unrouted.text

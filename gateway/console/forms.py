@@ -1,4 +1,5 @@
-"""The console's form posts: sign in, sign out, claim (and take over), resolve.
+"""The console's form posts: sign in, sign out, claim (and take over), resolve, and a
+bulk action on a route's parked deliveries (answered with its page: how many).
 
 Each post is checked by console/access.py (Origin, session, CSRF token) before its
 fields are read, acts through gateway/operators/actions.py (client "console": the log line and
@@ -117,6 +118,38 @@ async def claim(request: Request) -> Response:
     taken = bool(record.history and record.history[-1].get("takeover_from"))
     notice = "taken_over" if taken else "claimed"
     return RedirectResponse(key_url(ref.route, ref.key, ref.digest) + f"&notice={notice}", 303)
+
+
+async def bulk(request: Request) -> Response:
+    """The confirmed bulk action: every parked delivery of the route its filters take
+    now, resolved as the form says; the page says how many, and how many changed
+    meanwhile and were skipped."""
+    who, form = await poster(request)
+    given = pages.bulk_filters(form)
+    outcome, note = form.get("outcome", ""), form.get("note", "").strip()
+    if outcome == "done" and not note:
+        context, _ = await pages.bulk_context(request, who, given)
+        context["refusal"] = NOTE_REQUIRED
+        return page(request, "bulk.html", context, 400)
+    try:
+        age = actions.parse_age(given["older_than"])
+        match = actions.parse_match(None, None, given["status"], None, given["reason"])
+        done = await actions.bulk_resolve(
+            gateway_of(request),
+            who.operator,
+            given["route"] or None,
+            outcome,
+            note,
+            "console",
+            older_than=age,
+            match=match,
+        )
+    except OperatorRefusal as exc:
+        context, _ = await pages.bulk_context(request, who, given)
+        context["refusal"] = refusal_for(exc)
+        return page(request, "bulk.html", context, exc.status)
+    context, status = await pages.bulk_context(request, who, given, done)
+    return page(request, "bulk.html", context, status)
 
 
 def response_given(form: dict[str, str]) -> dict[str, Any] | None:

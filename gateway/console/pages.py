@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -207,6 +208,37 @@ async def key_page(request: Request) -> Response:
     context = await key_context(request, who, record)
     context["notice"] = notice_for(request.query_params.get("notice", ""))
     return page(request, "key.html", context)
+
+
+def bulk_filters(fields: Mapping[str, str]) -> dict[str, str]:
+    """A bulk action's route and filters, as given (query or form)."""
+    return {name: fields.get(name, "") for name in ("route", "reason", "older_than", "status")}
+
+
+async def bulk_context(
+    request: Request, who: Visitor, given: dict[str, str], done: actions.Bulk | None = None
+) -> tuple[dict[str, Any], int]:
+    """The bulk page: the filters, how many parked deliveries they take now, and, for
+    an operator, the form that confirms it; a bad filter is said, with status 400."""
+    context = base(who, "keys") | given | {"count": None, "done": done}
+    context["can_act"] = who.operator.role is Role.OPERATOR
+    context["note_limit"] = NOTE_LIMIT
+    try:
+        age = actions.parse_age(given["older_than"])
+        match = actions.parse_match(None, None, given["status"], None, given["reason"])
+        context["count"] = await actions.bulk_count(
+            gateway_of(request), given["route"] or None, age, match
+        )
+    except BadFilter as exc:
+        context["refusal"] = refusal_for(exc)
+        return context, 400
+    return context, 200
+
+
+async def bulk_page(request: Request) -> Response:
+    who = await visitor(request)
+    context, status = await bulk_context(request, who, bulk_filters(request.query_params))
+    return page(request, "bulk.html", context, status)
 
 
 async def takeover_page(request: Request) -> Response:

@@ -102,6 +102,8 @@ def create_console(gateway: Gateway) -> Starlette:
             Route("/takeover", pages.takeover_page),
             Route("/claim", forms.claim, methods=["POST"]),
             Route("/resolve", forms.resolve, methods=["POST"]),
+            Route("/bulk", pages.bulk_page),
+            Route("/bulk", forms.bulk, methods=["POST"]),
             Mount("/static", StaticFiles(packages=[("gateway.console", "static")])),
         ],
         exception_handlers={
