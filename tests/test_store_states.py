@@ -600,7 +600,9 @@ class StoreStates(RuleBasedStateMachine):
                 assert got is not None, where
                 assert got.state is want.state, where
                 indexed = INDEXED | set(QUEUES)
-                assert indexes == ([want.state] if want.state in indexed else []), (where, indexes)
+                # A completed delivery is listed too (its route's run log).
+                shown = want.state in indexed or (want.state is State.COMPLETED and want.delivery)
+                assert indexes == ([want.state] if shown else []), (where, indexes)
                 assert (got.delivery, got.attempts) == (want.delivery, want.attempts), where
                 # A delivery's request is kept exactly until the key settles.
                 unsettled = want.state not in (State.COMPLETED, State.RELEASED)
@@ -682,12 +684,13 @@ async def _indexes(store: Store) -> list[list[State]]:
     if isinstance(store, SqliteStore):
         return await _sqlite_indexes(store)
     assert isinstance(store, RedisStore)
-    order = (*INDEXED_ORDER, *QUEUES)
+    order = (*INDEXED_ORDER, *QUEUES, State.COMPLETED)
     n = len(order)
     async with store.client.pipeline(transaction=False) as pipe:
         for ref in KEYS:
             keys, (member, _) = store._keys(ref)
-            for key in keys[1 : 1 + n]:  # the state indexes, then the route's due indexes
+            # The state indexes, the route's due indexes, its completed deliveries.
+            for key in (*keys[1:n], keys[10]):
                 pipe.zscore(key, member)
         scores = await pipe.execute()
     return [
@@ -702,20 +705,21 @@ async def _postgres_indexes(store: PostgresStore) -> list[list[Any]]:
     settled (an open record that expires is one the reaper deletes)."""
     rows = await store.db.call(
         lambda conn: conn.fetch(
-            "SELECT digest, state, expires_ms IS NOT NULL AS expires FROM gateway_records"
-            " WHERE prefix = $1",
+            "SELECT digest, state, delivery, expires_ms IS NOT NULL AS expires"
+            " FROM gateway_records WHERE prefix = $1",
             store.prefix,
         ),
         "test read",
     )
-    found = {row["digest"]: (State(row["state"]), row["expires"]) for row in rows}
+    found = {row["digest"]: (State(row["state"]), row["expires"], row["delivery"]) for row in rows}
     listed: list[list[Any]] = []
     for ref in KEYS:
         if ref.digest not in found:
             listed.append([])
             continue
-        state, expires = found[ref.digest]
-        entry: list[Any] = [state] if state in INDEXED or state in QUEUES else []
+        state, expires, delivery = found[ref.digest]
+        shown = state in INDEXED or state in QUEUES or (state is State.COMPLETED and delivery)
+        entry: list[Any] = [state] if shown else []
         if expires != (state in (State.COMPLETED, State.RELEASED)):
             entry.append(f"expires_ms {'set' if expires else 'missing'} while {state}")
         listed.append(entry)
@@ -726,11 +730,17 @@ async def _sqlite_indexes(store: SqliteStore) -> list[list[Any]]:
     """A row's state is its index's key: what can go wrong is its place (the listing's,
     set exactly while the state is listed) and its expiry (set exactly while settled)."""
 
-    def read(conn: sqlite3.Connection, now: int, fx: Any) -> dict[str, tuple[State, bool, bool]]:
+    def read(
+        conn: sqlite3.Connection, now: int, fx: Any
+    ) -> dict[str, tuple[State, bool, bool, bool]]:
         rows = conn.execute(
-            "SELECT digest, state, place IS NOT NULL, expires_ms IS NOT NULL FROM gateway_records"
+            "SELECT digest, state, place IS NOT NULL, expires_ms IS NOT NULL, delivery"
+            " FROM gateway_records"
         )
-        return {digest: (State(state), placed, expires) for digest, state, placed, expires in rows}
+        return {
+            digest: (State(state), placed, expires, bool(delivery))
+            for digest, state, placed, expires, delivery in rows
+        }
 
     found = await store.run(read, "test read")
     listed: list[list[Any]] = []
@@ -738,9 +748,10 @@ async def _sqlite_indexes(store: SqliteStore) -> list[list[Any]]:
         if ref.digest not in found:
             listed.append([])
             continue
-        state, placed, expires = found[ref.digest]
-        entry: list[Any] = [state] if state in INDEXED or state in QUEUES else []
-        if placed != (state in INDEXED or state in QUEUES or state is State.IN_FLIGHT):
+        state, placed, expires, delivery = found[ref.digest]
+        shown = state in INDEXED or state in QUEUES or (state is State.COMPLETED and delivery)
+        entry: list[Any] = [state] if shown else []
+        if placed != (shown or state is State.IN_FLIGHT):
             entry.append(f"place {'set' if placed else 'missing'} while {state}")
         if expires != (state in (State.COMPLETED, State.RELEASED)):
             entry.append(f"expires_ms {'set' if expires else 'missing'} while {state}")
