@@ -198,7 +198,14 @@ def test_a_delivery_record_shows_its_attempts_never_its_token() -> None:
         "attempts": 2,
         "next_attempt_ms": 120,
         "last_attempt": {"result": "status", "status": 503},
-    }
+        "runs": [
+            {
+                "attempt": 1, "started_ms": 50, "replica": "", "run_id": "",
+                "outcome": "in_flight", "ended_ms": None, "duration_ms": None, "status": None,
+                "failure": None, "detail": None, "next_due_ms": None,
+            }
+        ],
+    }  # fmt: skip
     assert [e["event"] for e in doc["history"]] == ["accepted", "attempt"]
     assert "delivery" not in Record("d", "", "", State.IN_FLIGHT, "", "", 0, 99).to_json()
 
