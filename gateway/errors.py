@@ -15,7 +15,9 @@
         │   ├── MalformedRequest 400: not valid HTTP/1.1 or its framing is ambiguous
         │   │   ├── BadHost      400: no Host (HTTP/1.1), more than one, or an invalid one
         │   │   └── UpgradeRefused 400: Connection: upgrade; the gateway does not switch
-        │   └── AmbiguousPath  400: an encoded slash, a backslash or ..;x on a keyed route
+        │   ├── AmbiguousPath  400: an encoded slash, a backslash or ..;x on a keyed route
+        │   └── BadDeliveryTime 400: an async route's delay or not-before header cannot
+        │                          be read, or asks for more than delivery.max_delay
         ├── MissingKey         400: the route needs a key and the request has none
         ├── NoRoute            404: no route matches
         ├── UnknownStatus      404: a status URL that names no delivery (whatever is wrong)
@@ -238,6 +240,14 @@ class AmbiguousPath(BadRequest):
     title = (
         "The path has an encoded slash or a backslash, which servers split differently; "
         "it was not forwarded"
+    )
+
+
+class BadDeliveryTime(BadRequest):
+    slug = "bad-delivery-time"
+    title = (
+        "The delivery time the request asks for cannot be read or is later than the "
+        "route allows; nothing was queued"
     )
 
 

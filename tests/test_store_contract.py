@@ -770,6 +770,44 @@ async def test_pick_never_claims_a_delivery_that_is_not_due(store: Store) -> Non
     assert record is not None and record.state is State.RETRYING and record.run_id == "run-1"
 
 
+async def test_a_delayed_accept_is_never_picked_before_its_due_time(store: Store) -> None:
+    heard = await Heard(store).subscribed(store)
+    r = ref()
+    accepted_ = await store.accept(
+        NewDelivery(r, "run-a", "fp", REQUEST, TOKEN, origin="replica-a", delay_ms=30_000)
+    )
+    assert accepted_.outcome == "queued"
+    record = await store.get(r)
+    assert record is not None and record.state is State.QUEUED and record.attempts == 0
+    assert record.due_ms == accepted_.now_ms + 30_000 and record.created_ms == accepted_.now_ms
+    early = await picked(store, r)
+    assert early.record is None and early.why == "not_due"
+    assert early.due_ms == record.due_ms
+    # A pick of another hint (a search of the route, where the store can) passes it by.
+    assert (await picked(store, ref(), "run-2")).record is None
+    [candidate], now = await store.due_candidates(r.route, 10)
+    assert candidate.ref.digest == r.digest and candidate.due_ms == record.due_ms > now
+    [stat] = await store.queue_stats()
+    assert (stat.queued, stat.retrying, stat.oldest_wait_seconds) == (1, 0, 0)
+    # A repeat keeps the first due time, whatever it asks for.
+    again = await store.accept(NewDelivery(r, "run-b", "fp", REQUEST, TOKEN, delay_ms=0))
+    assert again.outcome == "exists" and again.record is not None
+    assert again.record.due_ms == record.due_ms and again.record.run_id == "run-a"
+    await heard.until(lambda: any(d.ref.digest == r.digest for d in heard.due))
+    [due] = [d for d in heard.due if d.ref.digest == r.digest]
+    assert due.due_ms == record.due_ms and due.now_ms == accepted_.now_ms
+    after = await store.get(r)
+    assert after is not None and after.state is State.QUEUED and after.attempts == 0
+    assert [e["event"] for e in after.history] == []  # waiting is no attempt
+    # A short delay: due once it passes, then picked as any queued delivery is.
+    soon = ref()
+    await store.accept(NewDelivery(soon, "run-c", "fp", REQUEST, TOKEN, delay_ms=150))
+    assert (await picked(store, soon, "run-3")).why == "not_due"
+    await asyncio.sleep(0.2)
+    taken = await picked(store, soon, "run-4")
+    assert taken.record is not None and taken.record.attempts == 1
+
+
 async def test_pick_never_starts_an_attempt_over_the_limit(store: Store) -> None:
     r = await accepted(store)
     await picked(store, r, max_attempts=1)

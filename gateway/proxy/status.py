@@ -26,12 +26,11 @@ import hmac
 import json
 import logging
 import re
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from gateway.config import Route
-from gateway.engine.accept import status_url
+from gateway.engine.accept import rfc3339, status_url
 from gateway.engine.replay import REPLAY_HEADERS, replay_headers
 from gateway.errors import (
     MethodNotAllowed,
@@ -203,10 +202,7 @@ def _response(stored: StoredResponse) -> dict[str, Any]:
 
 def _time(ms: int) -> str | None:
     """RFC 3339, UTC, to the millisecond; None for a time the store never set."""
-    if ms <= 0:
-        return None
-    moment = datetime.fromtimestamp(ms / 1000, UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return rfc3339(ms) if ms > 0 else None
 
 
 def _problem(problem: ProblemError) -> Answer:

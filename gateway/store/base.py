@@ -100,7 +100,8 @@ class OperatorResult:
 class NewDelivery(NamedTuple):
     """What `accept` queues: `request` under `ref` for `run_id`, with its status `token`.
     `limit` bounds the route's queued and retrying deliveries (None: no bound), `origin`
-    names the announcing process, `expired` is what an expired lease found there becomes."""
+    names the announcing process, `expired` is what an expired lease found there becomes,
+    `delay_ms` how long after the store's now the first attempt is due (0: at once)."""
 
     ref: KeyRef
     run_id: str
@@ -110,6 +111,7 @@ class NewDelivery(NamedTuple):
     limit: int | None = None
     origin: str = ""
     expired: ExpiredPolicy = "unresolved"
+    delay_ms: int = 0
 
 
 class CheckResult(NamedTuple):
@@ -357,7 +359,9 @@ class Store(OperatorRoster):
         names below are `delivery`'s fields.
 
         "queued": the key was free (or `released`): it is now `queued` for `run_id`,
-        a delivery record with no attempt yet, due at the store's now, its request
+        a delivery record with no attempt yet, due `delay_ms` after the store's now
+        (`Accepted.now_ms`; no pick takes it before, in any process or after a
+        restart: the due time is the record's own, in the due index), its request
         and `token` stored sealed with `codec` (a released record's history carried
         on), and `due.announce`d to every process with `origin`. Accepted again by
         the same run id (a retried command), it returns "exists" with the record it
@@ -366,7 +370,8 @@ class Store(OperatorRoster):
         are queued or retrying, counted by the store in the same step for every
         replica at once (a Cluster: redis/admission.py): nothing is stored. A repeat
         of a queued key is "exists" whatever the count.
-        "exists": anything else, with the record (never its request). An expired
+        "exists": anything else, with the record (never its request): a queued
+        record keeps the due time its first accept gave it. An expired
         in_flight lease first becomes what `expired` says, as in `claim`. Queued
         records never expire. With wait_for_replicas, the caller's queued record
         (queued now, or found queued by its retried command) that the replicas did

@@ -561,6 +561,7 @@ class MemoryStore(Store):
             return Accepted("exists", now, self._out(record, now))
         if limit is not None and len(self._queued.get(ref.route, {})) >= limit:
             return Accepted("full", now)  # queued + retrying, kept as records move
+        due = now + delivery.delay_ms
         queued = Record(
             digest=ref.digest,
             route=ref.route,
@@ -573,12 +574,12 @@ class MemoryStore(Store):
             since_ms=now,
             history=record.history if record is not None else (),
             delivery=True,
-            due_ms=now,
+            due_ms=due,
         )
         self._put(queued, notify=False)
         self._requests[ref.digest] = self.codec.encode_request(ref.digest, request)
         self._tokens[ref.digest] = self.codec.encode_token(ref.digest, token)
-        self.due.announce(Due(ref, now, now, origin))
+        self.due.announce(Due(ref, due, now, origin))
         return Accepted("queued", now)
 
     async def pick(
