@@ -1254,6 +1254,56 @@ def test_bad_delivery_and_retry_values() -> None:
     assert "from 0 to 10000" in found["server.max_deliveries"]
 
 
+def test_delivery_delay_settings() -> None:
+    (plain,) = parse({"routes": [route(delivery="async", **KEYED)]}).routes
+    assert (plain.delivery.delay, plain.delivery.max_delay) == (0.0, 7 * 86400.0)
+    assert plain.delivery.delay_header == "Delivery-Delay"
+    assert plain.delivery.not_before_header == "Delivery-Not-Before"
+    given = {
+        "mode": "async",
+        "delay": "90s",
+        "max_delay": "2h",
+        "delay_header": "X-Run-In",
+        "not_before_header": False,
+    }
+    (own,) = parse({"routes": [route(delivery=given, **KEYED)]}).routes
+    assert (own.delivery.delay, own.delivery.max_delay) == (90.0, 7200.0)
+    assert (own.delivery.delay_header, own.delivery.not_before_header) == ("X-Run-In", None)
+    off = {"mode": "async", "delay_header": ""}
+    assert parse({"routes": [route(delivery=off, **KEYED)]}).routes[0].delivery.delay_header is None
+    found = route_error(delivery={"mode": "async", "delay": "3h", "max_delay": "1h"}, **KEYED)
+    assert found == {
+        "routes[0].delivery.delay": "delay 3h is longer than max_delay 1h; make it at most 1h, "
+        "or raise max_delay"
+    }
+    found = route_error(delivery={"mode": "async", "delay_header": "Run In"}, **KEYED)
+    assert found == {
+        "routes[0].delivery.delay_header": '"Run In" is not a header name; write e.g. '
+        "Delivery-Delay, or false to read no such header"
+    }
+    found = route_error(delivery={"mode": "async", "delay": "-1s"}, **KEYED)
+    assert "is not a duration" in found["routes[0].delivery.delay"]
+    found = route_error(delivery={"mode": "async", "max_delay": "0s"}, **KEYED)
+    assert "must be more than 0" in found["routes[0].delivery.max_delay"]
+    for name in ("delay", "max_delay", "delay_header", "not_before_header"):
+        value = "X-Later" if name.endswith("header") else "5s"
+        assert route_error(delivery={name: value}, **KEYED) == {
+            f"routes[0].delivery.{name}": f"{name} is set but delivery is sync; add mode: async"
+        }
+
+
+def test_delivery_delay_error_has_file_position(tmp_path: Path) -> None:
+    path = tmp_path / "delay.yaml"
+    path.write_text(
+        "routes:\n  - name: a\n    match: {path: /a}\n    upstream: http://127.0.0.1:5000\n"
+        "    key: {header: K}\n    on_unknown_outcome: park\n"
+        "    delivery: {mode: async, max_delay: 1m, delay: 2m}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(f"{path}:7:51: routes[0].delivery.delay: delay 2m")
+
+
 def test_async_route_error_has_file_position(tmp_path: Path) -> None:
     path = tmp_path / "async.yaml"
     path.write_text(
