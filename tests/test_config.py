@@ -1320,5 +1320,9 @@ def test_describe_async_route() -> None:
     text = describe(parse(data))
     assert "async: 202 at once; 4 at a time per process; up to 10000 queued" in text
     assert "never stored: cookie" in text
+    assert "at once, or as Delivery-Delay or Delivery-Not-Before asks; at most 7d later" in text
+    later = {"mode": "async", "delay": "90s", "not_before_header": False}
+    text = describe(parse({"routes": [route(delivery=later, **KEYED)]}))
+    assert "90s after acceptance, or as Delivery-Delay asks; at most 7d later" in text
     assert "8 attempts; backoff 2s doubling, full jitter, at most 10m" in text
     assert "64 deliveries at once" in text

@@ -187,6 +187,15 @@ def _describe_route(route: Route) -> list[str]:
                 + (", ".join(sorted(dl.drop_headers)) or "none"),
             )
         )
+        asked = " or ".join(h for h in (dl.delay_header, dl.not_before_header) if h)
+        rows.append(
+            (
+                "first attempt",
+                ("at once" if not dl.delay else f"{fmt(dl.delay)} after acceptance")
+                + (f", or as {asked} asks" if asked else "")
+                + f"; at most {fmt(dl.max_delay)} later",
+            )
+        )
         rows.append(
             (
                 "retry",
