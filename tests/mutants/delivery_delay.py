@@ -9,6 +9,7 @@ T = "tests/test_delivery_delay.py::"
 C = "tests/test_store_contract.py::test_a_delayed_accept_is_never_picked_before_its_due_time"
 HOSTILE = T + "test_hostile_delivery_times_are_refused_and_nothing_is_queued"
 WAITED = T + "test_a_delivery_delay_is_waited_for_then_delivered_once"
+NOT_BEFORE = T + "test_a_route_delay_and_a_not_before_time"
 
 MUTANTS = [
     Mutant(
@@ -52,6 +53,23 @@ MUTANTS = [
         new="        delivery.not_before_header,\n",
         tests=(WAITED,),
         breaks="the caller's Delivery-Delay is stored with the job and sent upstream",
+    ),
+    Mutant(
+        name="not-before-header-forwarded",
+        path="gateway/engine/accept.py",
+        old="        delivery.not_before_header,\n    )\n",
+        new="    )\n",
+        tests=(NOT_BEFORE,),
+        breaks="the caller's Delivery-Not-Before is stored with the job and sent upstream",
+    ),
+    Mutant(
+        name="past-not-before-negative",
+        path="gateway/engine/accept.py",
+        old="        seconds = max(0.0, when - now)\n",
+        new="        seconds = when - now\n",
+        tests=(NOT_BEFORE,),
+        breaks="a not-before time already past is a negative delay: the 202 names a due "
+        "time in the past instead of none",
     ),
     Mutant(
         name="delay-header-isdigit",
