@@ -758,3 +758,19 @@ async def test_a_worker_holding_the_write_lock_too_long_gets_a_store_error_answe
     finally:
         await stopped.close()
         await serving.close()
+
+
+def test_a_link_in_place_of_the_lock_file_is_not_followed(tmp_path: Path) -> None:
+    """`gateway.db-lock` a link to somewhere else: nothing is made where it points, and
+    the workers fall back to SQLite's own wait."""
+    target = tmp_path / "elsewhere" / "made-by-the-gateway"
+    target.parent.mkdir()
+    (tmp_path / "gateway.db-lock").symlink_to(target)
+    turns = WriteTurns(tmp_path / "gateway.db")
+    turns.open()
+    turns.shared = True
+    try:
+        assert turns.take(1.0) and not turns.held
+    finally:
+        turns.close()
+    assert not target.exists()

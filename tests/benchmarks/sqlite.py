@@ -18,8 +18,8 @@ CPU + store CPU sums. SQLite's fsyncs per request are the gateway processes' fsy
 fdatasync calls while wrk runs (every thread's, counted by `perf stat` on the syscall
 tracepoints: SQLite's commits and its checkpoints), or nothing where perf cannot count
 them. `--redis-appendfsync always` gives Redis SQLite's promise (every write on disk
-before it is answered). The targets with synchronous=FULL: first requests >= 0.8x Redis's, replays >=
-1.0x, accepts >= 0.8x. Nothing here fails on a figure.
+before it is answered). The targets with synchronous=FULL: first requests >= 0.8x
+Redis's, replays >= 1.0x, accepts >= 0.8x. Nothing here fails on a figure.
 """
 
 from __future__ import annotations

@@ -187,7 +187,10 @@ class WriteTurns:
 
     def open(self) -> None:
         try:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # Not through a link: nothing is written to the file, but O_CREAT through a
+            # dangling link would make a file wherever it points.
+            flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+            self._fd = os.open(self.path, flags, 0o600)
         except OSError as exc:
             log.warning(
                 "the SQLite store cannot open its lock file %s (%s): workers sharing the "
