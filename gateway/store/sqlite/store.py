@@ -145,6 +145,7 @@ class SqliteStore(PartsStore):
             runs.append(Effects())
             return operation(conn, now_ms(), runs[-1])
 
+        self.db.turns.shared = self.notices.shared()
         result = await self.db.run(attempt, what)
         effects = runs[-1]
         for digest, completed in effects.changed:
