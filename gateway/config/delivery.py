@@ -83,6 +83,15 @@ class DeliveryConfig(Section):
     drop_headers: HeaderNames = frozenset()
     """Request headers never stored with a queued request, so never delivered. The key
     header is re-added at each attempt."""
+    pause_after: Annotated[int, Whole(0, 1000)] = 0
+    """Attempts in a row, over all replicas, refused or never sent (the connection
+    refused or failed, a 5xx, a 429) after which the route pauses: no delivery is
+    attempted (none uses up an attempt or is parked for it), one probe delivery goes
+    out every `probe_every`, and the first one the upstream answers resumes the route.
+    An unknown outcome (sent, then no answer) leaves the count as it is. 0: never."""
+    probe_every: Duration = 30.0
+    """While the route is paused by `pause_after`, how often one delivery is attempted
+    as a probe, by one process of all replicas. An operator's pause sends no probe."""
 
     @classmethod
     def check(
@@ -93,7 +102,7 @@ class DeliveryConfig(Section):
         problems: Problems,
     ) -> dict[str, Any]:
         if values.get("mode") == "sync":
-            for name in ("concurrency", "max_queued", "drop_headers"):
+            for name in ("concurrency", "max_queued", "drop_headers", "pause_after", "probe_every"):
                 if name in given:
                     problems.add((name,), f"{name} is set but delivery is sync; add mode: async")
         return {}

@@ -187,6 +187,14 @@ def _describe_route(route: Route) -> list[str]:
                 + (", ".join(sorted(dl.drop_headers)) or "none"),
             )
         )
+        if dl.pause_after:
+            rows.append(
+                (
+                    "pause",
+                    f"after {dl.pause_after} refused attempts in a row; then one probe every "
+                    f"{fmt(dl.probe_every)} until one is answered",
+                )
+            )
         rows.append(
             (
                 "retry",
