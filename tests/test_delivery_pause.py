@@ -11,7 +11,10 @@ the next probe goes out. Attempts are counted from the gateways' own metrics.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.process, pytest.mark.redis, pytest.
 ROUTE = "send-invoices"
 PATH = "/jobs/send-invoices"
 ATTEMPTS = "idempotency_gateway_delivery_attempts_total"
+TOKEN = "t0ken-for-the-pause-tests"
 
 
 def gateways(tmp_path: Path, redis: RedisServer, upstream: Process, n: int) -> list[Process]:
@@ -54,7 +58,7 @@ def gateways(tmp_path: Path, redis: RedisServer, upstream: Process, n: int) -> l
         port, admin_port = free_port(), free_port()
         config = {
             "server": {"listen": f"127.0.0.1:{port}", "shutdown_grace": "1s"},
-            "admin": {"listen": f"127.0.0.1:{admin_port}", "token": "t0ken-for-tests"},
+            "admin": {"listen": f"127.0.0.1:{admin_port}", "token": TOKEN},
             "store": {"url": redis.url, "prefix": prefix},
             "routes": [route],
         }
@@ -146,3 +150,80 @@ async def test_a_refusing_upstream_pauses_the_route_and_a_probe_resumes_it(
     logs = "".join(gateway.output() for gateway in replicas)
     assert logs.count(f"route {ROUTE} paused after") == 1, logs
     assert f"route {ROUTE} resumed: a probe was answered" in logs
+
+
+def cli(gateway: Process, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GATEWAY_ADMIN_TOKEN": TOKEN}
+    env.pop("GATEWAY_OPERATOR_TOKEN", None)
+    url = f"http://127.0.0.1:{admin(gateway)}"
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "keys", *args, "--admin-url", url],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+
+
+async def test_an_operator_pauses_and_resumes_a_route_through_the_cli_and_the_api(
+    tmp_path: Path, redis_server: RedisServer, upstream: Process
+) -> None:
+    """A manual pause sends nothing, not even a probe, and shows in the overview, the
+    gauge and the status URL; an answer cannot lift it, a resume does; who and why are
+    recorded and logged."""
+    (gateway,) = gateways(tmp_path, redis_server, upstream, 1)
+    paused = cli(gateway, "pause", ROUTE, "--why", "upstream maintenance", "--operator", "alice")
+    assert paused.returncode == 0, paused.stderr
+    assert f"route {ROUTE}: paused since" in paused.stdout and "by alice" in paused.stdout
+    key = unique("job")
+    base = f"http://127.0.0.1:{admin(gateway)}"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(timeout=10) as client:
+        answer = await client.post(
+            gateway.url + PATH, content=b"{}", headers={"Idempotency-Key": key}
+        )
+        assert answer.status_code == 202
+        await asyncio.sleep(1.5)  # three probe intervals: an operator's pause sends none
+        assert await upstream_count(upstream, key) == 0
+        body = (await client.get(gateway.url + answer.headers["location"])).json()
+        assert body["state"] == "queued" and body["paused"]["next_probe_at"] is None
+        overview = (await client.get(base + "/admin/overview", headers=auth)).json()
+        (row,) = overview["routes"]
+        assert (
+            row["paused"]["by"] == "alice (shared token)"
+            and row["paused"]["why"] == "upstream maintenance"
+        )
+        metrics = (await client.get(base + "/metrics")).text
+        assert f'idempotency_gateway_route_paused{{by="operator",route="{ROUTE}"}} 1.0' in metrics
+        assert f'idempotency_gateway_route_paused{{by="auto",route="{ROUTE}"}} 0.0' in metrics
+
+        refused = await client.post(
+            base + f"/admin/routes/{ROUTE}/resume", headers=auth, json={"operator": "bob"}
+        )
+        assert refused.status_code == 400 and refused.json()["field"] == "why"
+        unknown = await client.post(
+            base + "/admin/routes/nope/pause", headers=auth, json={"why": "x", "operator": "bob"}
+        )
+        assert unknown.status_code == 404
+        assert unknown.json()["type"].endswith("/unknown-route")
+        resumed = await client.post(
+            base + f"/admin/routes/{ROUTE}/resume",
+            headers=auth,
+            json={"why": "maintenance over", "operator": "bob"},
+        )
+        assert resumed.status_code == 200, resumed.text
+        assert resumed.json()["paused"] is None and resumed.json()["by"] == "bob (shared token)"
+
+        async def delivered() -> bool:
+            return await upstream_count(upstream, key) >= 1
+
+        await until(delivered)
+    assert await upstream_count(upstream, key) == 1
+    logs = gateway.output()
+    assert "operator alice" in logs and "pause_route: route " + ROUTE in logs
+    assert "operator bob" in logs and "resume_route: route " + ROUTE in logs
+    again = cli(gateway, "resume", ROUTE, "--why", "again", "--operator", "carol")
+    assert (
+        again.returncode == 0
+        and "delivering (resumed by carol (shared token): again)" in again.stdout
+    )

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import random
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -167,6 +168,8 @@ class Counts:
     queues: list[QueueStat]
     #: route -> seconds since its last success, by the store
     successes: dict[str, float]
+    #: route -> its pause row (store/route_pauses.py), for routes any move wrote
+    pauses: dict[str, PauseState] = dataclasses.field(default_factory=dict)
 
 
 #: The dummy token `Opener.no_token` opens: no record's (a digest is 32 hex digits).
