@@ -7,6 +7,7 @@ to real gateways; these check each rule alone, in microseconds, with a clock giv
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
@@ -34,6 +35,7 @@ from gateway.records import KeyRef, Record, State
 from gateway.store.memory import MemoryStore
 from gateway.store.pages import PAGE_SIZE, READ_ROUNDS
 from gateway.store.redis import RedisStore
+from gateway.store.route_pauses import PauseMove
 from tests.conftest import config_for, unique
 from tests.support.servers import RedisServer, wait_for_port
 
@@ -688,3 +690,29 @@ async def test_an_empty_page_with_more_to_follow_says_so_and_links_on(console: C
         last = await client.get(found.group(1).replace("&amp;", "&"))
         assert "<tr data-key=" not in last.text and 'rel="next"' not in last.text
         assert "No key waits in these states after the previous page." in last.text
+
+
+@pytest.mark.anyio
+async def test_the_overview_lists_paused_routes_with_who_and_why(console: Console) -> None:
+    """A paused route is a line of its own on the overview, who and why escaped; an
+    automatic pause says when the next probe goes out; none: no section."""
+    async with console.client() as client:
+        await sign_in(client, "alice")
+        assert 'id="paused"' not in (await client.get("/console/")).text
+        why = "<script>alert(1)</script> upstream maintenance"
+        await console.gateway.store.change_pause(ROUTE, PauseMove("pause", by="bob", why=why))
+        await asyncio.sleep(1.1)  # the overview's counts are shared for a second
+        page = (await client.get("/console/")).text
+        assert (
+            'id="paused"' in page and f'<li data-route="{ROUTE}"><strong>{ROUTE}</strong>' in page
+        )
+        assert "by bob: &lt;script&gt;alert(1)&lt;/script&gt; upstream maintenance" in page
+        assert "only a resume lifts it" in page and "<script>alert" not in page
+        await console.gateway.store.change_pause(ROUTE, PauseMove("resume", by="bob", why="ok"))
+        for _ in range(3):
+            move = PauseMove("refused", why="connect refused", pause_after=3)
+            await console.gateway.store.change_pause(ROUTE, move)
+        await asyncio.sleep(1.1)
+        page = (await client.get("/console/")).text
+        assert "by the gateway: its upstream refused 3 attempts in a row (last: connect" in page
+        assert "the next probe is at " in page

@@ -33,10 +33,8 @@ MUTANTS = [
         old="        if s.paused and s.by == AUTO:\n",
         new="        if False:\n",
         tests=(
-            C
-            + "test_a_route_pauses_after_its_failures_and_a_probe_answered_resumes_it[memory]",
-            C
-            + "test_a_route_pauses_after_its_failures_and_a_probe_answered_resumes_it[sqlite]",
+            C + "test_a_route_pauses_after_its_failures_and_a_probe_answered_resumes_it[memory]",
+            C + "test_a_route_pauses_after_its_failures_and_a_probe_answered_resumes_it[sqlite]",
         ),
         breaks="an automatic pause is never lifted by an answered probe: the route waits "
         "for an operator",
@@ -47,8 +45,7 @@ MUTANTS = [
         old="  if s.since_ms > 0 and s.by == 'auto' then\n",
         new="  if false then\n",
         tests=(
-            C
-            + "test_a_route_pauses_after_its_failures_and_a_probe_answered_resumes_it[redis]",
+            C + "test_a_route_pauses_after_its_failures_and_a_probe_answered_resumes_it[redis]",
             AUTO_PAUSE,
         ),
         breaks="an automatic pause is never lifted by an answered probe (Redis)",
@@ -59,8 +56,7 @@ MUTANTS = [
         old='        return dataclasses.replace(s, probe_ms=now + move.probe_every_ms), "probe"\n',
         new='        return s, "probe"\n',
         tests=(
-            C
-            + "test_a_route_pauses_after_its_failures_and_a_probe_answered_resumes_it[memory]",
+            C + "test_a_route_pauses_after_its_failures_and_a_probe_answered_resumes_it[memory]",
         ),
         breaks="every worker that looks takes the probe: a paused route gets a burst, "
         "not one probe every probe_every",
