@@ -351,6 +351,7 @@ async def resume_route(request: Request) -> Response:
 async def _pause(request: Request, move: Literal["pause", "resume"]) -> Response:
     gateway, operator = authenticate(request)
     route, client = request.path_params["route"], client_of(request)
+    actions.may(gateway, operator, f"{move}_route", KeyRef("", route, ""), client)
     body = await _json_body(request, _MAX_ADMIN_BODY)
     done = await actions.pause_route(
         gateway, operator, route, move, body.get("why"), client, given=body.get("operator")
