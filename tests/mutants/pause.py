@@ -6,6 +6,10 @@ from tests.mutants import Mutant
 C = "tests/test_store_contract.py::"
 P = "tests/test_delivery_pause.py::"
 AUTO_PAUSE = P + "test_a_refusing_upstream_pauses_the_route_and_a_probe_resumes_it"
+COUNTS = (
+    "tests/test_delivery.py::"
+    "test_the_pause_counts_refusals_not_unknown_outcomes_and_an_answer_resets_it[memory]"
+)
 MANUAL_PAUSE = P + "test_an_operator_pauses_and_resumes_a_route_through_the_cli_and_the_api"
 
 MUTANTS = [
@@ -68,5 +72,22 @@ MUTANTS = [
         new="        if self.now_ms >= self.probe_ms:\n",
         tests=(C + "test_a_manual_pause_is_lifted_by_a_manual_resume_alone[memory]",),
         breaks="an operator's pause sends probes, and an answered one lifts it",
+    ),
+    Mutant(
+        name="unknown-outcome-counted-as-refused",
+        path="gateway/delivery/attempt.py",
+        old='        self.upstream = ""  # sent, maybe taken: no word on whether it refuses\n',
+        new='        self.upstream = "refused"\n',
+        tests=(COUNTS,),
+        breaks="a timeout after sending counts toward the pause, though the upstream took "
+        "the request",
+    ),
+    Mutant(
+        name="5xx-taken-as-an-answer",
+        path="gateway/delivery/attempt.py",
+        old="    return response is None or response.status >= 500 or response.status == 429\n",
+        new="    return response is None\n",
+        tests=(COUNTS,),
+        breaks="an upstream answering 503 to every attempt never pauses its route",
     ),
 ]
