@@ -41,15 +41,27 @@ ATTEMPTS = "idempotency_gateway_delivery_attempts_total"
 TOKEN = "t0ken-for-the-pause-tests"
 
 
-def gateways(tmp_path: Path, redis: RedisServer, upstream: Process, n: int) -> list[Process]:
+def gateways(
+    tmp_path: Path,
+    redis: RedisServer,
+    upstream: Process,
+    n: int,
+    probe_every: float = 0.5,
+    attempts: int = 5,
+) -> list[Process]:
     prefix = unique("pause") + ":"
     route = {
         "name": ROUTE,
         "match": {"methods": ["POST"], "path": PATH},
         "upstream": upstream.url,
         "key": {"header": "Idempotency-Key"},
-        "delivery": {"mode": "async", "concurrency": 1, "pause_after": 3, "probe_every": "500ms"},
-        "retry": {"attempts": 5, "backoff": "100ms", "max_backoff": "200ms"},
+        "delivery": {
+            "mode": "async",
+            "concurrency": 1,
+            "pause_after": 3,
+            "probe_every": f"{int(probe_every * 1000)}ms",
+        },
+        "retry": {"attempts": attempts, "backoff": "100ms", "max_backoff": "200ms"},
         "upstream_timeout": "3s",
         "on_unknown_outcome": "park",
     }
@@ -99,11 +111,20 @@ async def until(check: Any, timeout: float = 15) -> None:
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.parametrize(
+    ("window", "probe_every", "retries"),
+    [
+        pytest.param(3.0, 0.5, 5, id="3s-outage"),
+        pytest.param(30.0, 1.0, 12, marks=pytest.mark.long, id="30s-outage"),
+    ],
+)
 async def test_a_refusing_upstream_pauses_the_route_and_a_probe_resumes_it(
-    tmp_path: Path, redis_server: RedisServer
+    tmp_path: Path, redis_server: RedisServer, window: float, probe_every: float, retries: int
 ) -> None:
+    """`retries` attempts per key: 4 keys would use all of them in under 2 s of backoff
+    without the pause; the probes of a `window` spread over the keys stay below it."""
     upstream = for_this_test(upstream_server())  # not started: its port refuses
-    replicas = gateways(tmp_path, redis_server, upstream, 2)
+    replicas = gateways(tmp_path, redis_server, upstream, 2, probe_every, retries)
     keys = [unique("job") for _ in range(4)]
     locations = []
     async with httpx.AsyncClient(base_url=replicas[0].url, timeout=10) as client:
@@ -123,12 +144,12 @@ async def test_a_refusing_upstream_pauses_the_route_and_a_probe_resumes_it(
         at_pause = tried(await attempts(replicas))
         # At pause_after, and at most one more per replica already past its look.
         assert 3 <= at_pause <= 3 + len(replicas), at_pause
-        window = 3.0
         await asyncio.sleep(window)
         during = await attempts(replicas)
         probes = tried(during) - at_pause
         # One probe every 500ms over both replicas, not one per replica nor per key.
-        assert window / 0.5 - 2 <= probes <= window / 0.5 + 1, (probes, during)
+        expected = window / probe_every
+        assert expected - 2 <= probes <= expected + 1, (probes, during)
         assert during.get("exhausted", 0) == 0, during  # nothing parked: 4 keys x 5 would be
 
         upstream.start()

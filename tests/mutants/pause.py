@@ -5,7 +5,7 @@ from tests.mutants import Mutant
 
 C = "tests/test_store_contract.py::"
 P = "tests/test_delivery_pause.py::"
-AUTO_PAUSE = P + "test_a_refusing_upstream_pauses_the_route_and_a_probe_resumes_it"
+AUTO_PAUSE = P + "test_a_refusing_upstream_pauses_the_route_and_a_probe_resumes_it[3s-outage]"
 COUNTS = (
     "tests/test_delivery.py::"
     "test_the_pause_counts_refusals_not_unknown_outcomes_and_an_answer_resets_it[memory]"
