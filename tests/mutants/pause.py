@@ -90,4 +90,17 @@ MUTANTS = [
         tests=(COUNTS,),
         breaks="an upstream answering 503 to every attempt never pauses its route",
     ),
+    Mutant(
+        name="console-pause-without-csrf",
+        path="gateway/console/forms.py",
+        old='    overview with a notice, or the overview again with the refusal in words."""\n'
+        "    who, form = await poster(request)\n",
+        new='    overview with a notice, or the overview again with the refusal in words."""\n'
+        "    who, form = await pages.visitor(request), await posted_form(request, FORM_OVERHEAD)\n",
+        tests=(
+            "tests/test_console_parts.py::"
+            "test_an_operator_pauses_and_resumes_a_route_from_the_overview",
+        ),
+        breaks="another site's form pauses a route in a signed-in operator's name",
+    ),
 ]
