@@ -46,6 +46,7 @@
             │   └── NotYourName       an "operator" field that differs from the authenticated name
             ├── OperatorApiDisabled   404: no admin.token and no admin.operators
             ├── UnknownKey            404: no record for this route and key
+            ├── UnknownRoute          404: no delivery: async route by this name (pause, resume)
             ├── UnknownPath           404: nothing on the admin listener has this path
             ├── WrongMethod           405: the path does not take this method
             ├── OperatorCallFailed    500: an unexpected error; the log says which
@@ -394,6 +395,12 @@ class UnknownKey(OperatorRefusal):
     status = 404
     slug = "unknown-key"
     title = "No record for this route and key"
+
+
+class UnknownRoute(OperatorRefusal):
+    status = 404
+    slug = "unknown-route"
+    title = "No delivery: async route by this name"
 
 
 class UnknownPath(OperatorRefusal):

@@ -1304,6 +1304,37 @@ def test_delivery_delay_error_has_file_position(tmp_path: Path) -> None:
     assert str(caught.value).startswith(f"{path}:7:51: routes[0].delivery.delay: delay 2m")
 
 
+def test_pause_settings_are_async_and_checked(tmp_path: Path) -> None:
+    (short,) = parse({"routes": [route(delivery="async", **KEYED)]}).routes
+    assert (short.delivery.pause_after, short.delivery.probe_every) == (0, 30.0)
+    given = {"mode": "async", "pause_after": 3, "probe_every": "500ms"}
+    (paused,) = parse({"routes": [route(delivery=given, **KEYED)]}).routes
+    assert (paused.delivery.pause_after, paused.delivery.probe_every) == (3, 0.5)
+    text = describe(parse({"routes": [route(delivery=given, **KEYED)]}))
+    assert "after 3 refused attempts in a row; then one probe every 500ms" in text
+    assert "refused attempts" not in describe(parse({"routes": [route(delivery="async", **KEYED)]}))
+    assert route_error(delivery={"pause_after": 3}, **KEYED) == {
+        "routes[0].delivery.pause_after": "pause_after is set but delivery is sync; add mode: async"
+    }
+    assert route_error(delivery={"probe_every": "5s"}, **KEYED) == {
+        "routes[0].delivery.probe_every": "probe_every is set but delivery is sync; add mode: async"
+    }
+    found = route_error(delivery={"mode": "async", "pause_after": -1}, **KEYED)
+    assert "not a whole number from 0 to 1000" in found["routes[0].delivery.pause_after"]
+    found = route_error(delivery={"mode": "async", "pause_after": "3x"}, **KEYED)
+    assert "routes[0].delivery.pause_after" in found
+    found = route_error(delivery={"mode": "async", "probe_every": "0s"}, **KEYED)
+    assert "it must be more than 0" in found["routes[0].delivery.probe_every"]
+    path = tmp_path / "pause.yaml"
+    path.write_text(
+        "routes:\n  - name: a\n    match: {path: /a}\n    upstream: http://127.0.0.1:5000\n"
+        "    key: {header: K}\n    delivery: {mode: async, probe_every: 0s}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(f"{path}:6:42: routes[0].delivery.probe_every")
+
+
 def test_async_route_error_has_file_position(tmp_path: Path) -> None:
     path = tmp_path / "async.yaml"
     path.write_text(

@@ -100,6 +100,15 @@ class DeliveryConfig(Section):
     """The request header that asks for the first attempt not before a time, an
     HTTP-date (`Fri, 04 Dec 2026 18:00:00 GMT`); a time past is due at once. Read,
     then never stored or delivered. `false`: no header is read."""
+    pause_after: Annotated[int, Whole(0, 1000)] = 0
+    """Attempts in a row, over all replicas, refused or never sent (the connection
+    refused or failed, a 5xx, a 429) after which the route pauses: no delivery is
+    attempted (none uses up an attempt or is parked for it), one probe delivery goes
+    out every `probe_every`, and the first one the upstream answers resumes the route.
+    An unknown outcome (sent, then no answer) leaves the count as it is. 0: never."""
+    probe_every: Duration = 30.0
+    """While the route is paused by `pause_after`, how often one delivery is attempted
+    as a probe, by one process of all replicas. An operator's pause sends no probe."""
 
     @classmethod
     def check(
@@ -118,6 +127,8 @@ class DeliveryConfig(Section):
                 "max_delay",
                 "delay_header",
                 "not_before_header",
+                "pause_after",
+                "probe_every",
             ):
                 if name in given:
                     problems.add((name,), f"{name} is set but delivery is sync; add mode: async")

@@ -196,6 +196,14 @@ def _describe_route(route: Route) -> list[str]:
                 + f"; at most {fmt(dl.max_delay)} later",
             )
         )
+        if dl.pause_after:
+            rows.append(
+                (
+                    "pause",
+                    f"after {dl.pause_after} refused attempts in a row; then one probe every "
+                    f"{fmt(dl.probe_every)} until one is answered",
+                )
+            )
         rows.append(
             (
                 "retry",

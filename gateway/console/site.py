@@ -102,6 +102,7 @@ def create_console(gateway: Gateway) -> Starlette:
             Route("/takeover", pages.takeover_page),
             Route("/claim", forms.claim, methods=["POST"]),
             Route("/resolve", forms.resolve, methods=["POST"]),
+            Route("/route-pause", forms.pause_route, methods=["POST"]),
             Mount("/static", StaticFiles(packages=[("gateway.console", "static")])),
         ],
         exception_handlers={

@@ -21,8 +21,8 @@ keeps as records change (`stats`, `queue_stats`): neither grows with the records
 A copy to another store (store/copy.py, with the gateway stopped) reads every record
 with `export_records` and writes it with `import_records`, as it is: no move is made.
 
-The store also keeps the operator roster: store/operator_roster.py, whose contract Store
-takes on.
+The store also keeps the operator roster (store/operator_roster.py) and the async
+routes' pauses (store/route_pauses.py), whose contracts Store takes on.
 
 Every implementation passes the contract suite in tests/test_store_contract.py.
 """
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import random
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from gateway.records import (
 from gateway.store.notices import Due, DueFeed, Notifier, Watch
 from gateway.store.operator_roster import OperatorRoster, RosterEntry
 from gateway.store.pages import MAX_PAGE_SIZE, PAGE_SIZE, Page
+from gateway.store.route_pauses import PauseMove, PauseState, RoutePauses, Verdict
 from gateway.store.transfer import EXPORT_PAGE, ExportedRecord, ExportPage
 
 if TYPE_CHECKING:
@@ -168,6 +170,8 @@ class Counts:
     queues: list[QueueStat]
     #: route -> seconds since its last success, by the store
     successes: dict[str, float]
+    #: route -> its pause row (store/route_pauses.py), for routes any move wrote
+    pauses: dict[str, PauseState] = dataclasses.field(default_factory=dict)
 
 
 #: The dummy token `Opener.no_token` opens: no record's (a digest is 32 hex digits).
@@ -210,7 +214,7 @@ class Opener:
         return ""
 
 
-class Store(OperatorRoster):
+class Store(OperatorRoster, RoutePauses):
     """Records of idempotency keys. See the module docstring for the guarantees.
 
     Stored responses go through `codec` (plain, or sealed with the configured
@@ -660,6 +664,7 @@ class PartsStore(Store):
     deliveries: DeliveryPart
     listing: ListingPart
     operators: OperatorRoster
+    pauses: RoutePauses
 
     def accept(self, delivery: NewDelivery) -> Coroutine[Any, Any, Accepted]:
         # The part's own coroutine, not one more awaiting it: every 202's path.
@@ -716,3 +721,12 @@ class PartsStore(Store):
 
     async def roster(self) -> dict[str, RosterEntry]:
         return await self.operators.roster()
+
+    async def route_pause(self, route: str) -> PauseState:
+        return await self.pauses.route_pause(route)
+
+    async def route_pauses(self) -> dict[str, PauseState]:
+        return await self.pauses.route_pauses()
+
+    async def change_pause(self, route: str, move: PauseMove) -> tuple[PauseState, Verdict]:
+        return await self.pauses.change_pause(route, move)
