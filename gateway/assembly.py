@@ -31,6 +31,7 @@ from gateway.routes import Router
 from gateway.shared_read import SharedRead
 from gateway.store import open_store
 from gateway.store.base import Counts, Store
+from gateway.store.route_pauses import AUTO
 from gateway.tasks import stop_if_cancelled
 from gateway.upstream import Upstream
 
@@ -185,6 +186,7 @@ class Gateway:
             await self.store.stats(),
             await self.store.queue_stats(),
             await self.store.last_successes(),
+            await self.store.route_pauses(),
         )
 
     async def refresh_key_metrics(self) -> None:
@@ -202,6 +204,12 @@ class Gateway:
             r.name: r.delivery.max_queued for r in self.config.routes if r.delivery.mode == "async"
         }
         self.metrics.set_queue_stats(queues, asyncs)
+        paused = {
+            route: "auto" if state.by == AUTO else "operator"
+            for route, state in counts.pauses.items()
+            if state.paused
+        }
+        self.metrics.set_pauses(paused, list(asyncs))
 
     async def __aenter__(self) -> Gateway:
         await self.start()

@@ -15,7 +15,9 @@
         │   ├── MalformedRequest 400: not valid HTTP/1.1 or its framing is ambiguous
         │   │   ├── BadHost      400: no Host (HTTP/1.1), more than one, or an invalid one
         │   │   └── UpgradeRefused 400: Connection: upgrade; the gateway does not switch
-        │   └── AmbiguousPath  400: an encoded slash, a backslash or ..;x on a keyed route
+        │   ├── AmbiguousPath  400: an encoded slash, a backslash or ..;x on a keyed route
+        │   └── BadDeliveryTime 400: an async route's delay or not-before header cannot
+        │                          be read, or asks for more than delivery.max_delay
         ├── MissingKey         400: the route needs a key and the request has none
         ├── NoRoute            404: no route matches
         ├── UnknownStatus      404: a status URL that names no delivery (whatever is wrong)
@@ -44,6 +46,7 @@
             │   └── NotYourName       an "operator" field that differs from the authenticated name
             ├── OperatorApiDisabled   404: no admin.token and no admin.operators
             ├── UnknownKey            404: no record for this route and key
+            ├── UnknownRoute          404: no delivery: async route by this name (pause, resume)
             ├── UnknownPath           404: nothing on the admin listener has this path
             ├── WrongMethod           405: the path does not take this method
             ├── OperatorCallFailed    500: an unexpected error; the log says which
@@ -241,6 +244,14 @@ class AmbiguousPath(BadRequest):
     )
 
 
+class BadDeliveryTime(BadRequest):
+    slug = "bad-delivery-time"
+    title = (
+        "The delivery time the request asks for cannot be read or is later than the "
+        "route allows; nothing was queued"
+    )
+
+
 class MissingKey(ProblemError):
     status = 400
     slug = "missing-key"
@@ -384,6 +395,12 @@ class UnknownKey(OperatorRefusal):
     status = 404
     slug = "unknown-key"
     title = "No record for this route and key"
+
+
+class UnknownRoute(OperatorRefusal):
+    status = 404
+    slug = "unknown-route"
+    title = "No delivery: async route by this name"
 
 
 class UnknownPath(OperatorRefusal):

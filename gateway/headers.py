@@ -7,6 +7,9 @@ in place of what the caller said about itself (X-Forwarded-*, Forwarded, X-Real-
 unless the caller is one of `server.trusted_proxies` (`TrustedProxies`). `valid_host` is
 the Host grammar, for X-Forwarded-Host here and for the caller's Host in the app.
 
+`http_date` reads an HTTP-date (RFC 9110 5.6.7), as a Retry-After or a delivery's
+not-before header writes it.
+
 Towards the caller (`response_headers`): the upstream's hop-by-hop fields, and any its
 Connection header names, are dropped before an answer is stored or written.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable
+from datetime import UTC, datetime
 
 from gateway.config.http import IPNetwork
 from gateway.config.types import HTTP_TOKEN
@@ -287,3 +291,52 @@ def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[str, str
     if named:
         return tuple((name, value) for name, value in out if name not in named)
     return tuple(out)
+
+
+_DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_MONTH = "(?P<month>" + "|".join(_MONTHS) + ")"
+_TIME = r"(?P<hour>[0-9]{2}):(?P<minute>[0-9]{2}):(?P<second>[0-9]{2})"
+#: RFC 9110 5.6.7's three formats, exactly: IMF-fixdate, rfc850-date, asctime-date.
+#: Case-sensitive, ASCII digits only, GMT.
+_HTTP_DATES = (
+    re.compile(rf"{_DAY}, (?P<day>[0-9]{{2}}) {_MONTH} (?P<year>[0-9]{{4}}) {_TIME} GMT"),
+    re.compile(
+        r"(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), "
+        rf"(?P<day>[0-9]{{2}})-{_MONTH}-(?P<yy>[0-9]{{2}}) {_TIME} GMT"
+    ),
+    re.compile(rf"{_DAY} {_MONTH} (?P<day>[0-9]{{2}}| [0-9]) {_TIME} (?P<year>[0-9]{{4}})"),
+)
+
+
+def http_date(text: str, now: float) -> float | None:
+    """An HTTP-date (RFC 9110 5.6.7) as a POSIX time, or None. `now` places an
+    rfc850-date's two-digit year: one more than 50 years ahead is in the past."""
+    for pattern in _HTTP_DATES:
+        found = pattern.fullmatch(text)
+        if found is not None:
+            break
+    else:
+        return None
+    parts = found.groupdict()
+    if parts.get("yy") is not None:
+        this_year = datetime.fromtimestamp(now, UTC).year
+        year = this_year - this_year % 100 + int(parts["yy"])
+        if year > this_year + 50:
+            year -= 100
+    else:
+        year = int(parts["year"])
+    second = min(int(parts["second"]), 59)  # 60: a leap second
+    try:
+        when = datetime(
+            year,
+            _MONTHS.index(parts["month"]) + 1,
+            int(parts["day"]),
+            int(parts["hour"]),
+            int(parts["minute"]),
+            second,
+            tzinfo=UTC,
+        )
+    except ValueError:  # 31 Feb, hour 24, year 0
+        return None
+    return when.timestamp()

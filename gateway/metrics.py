@@ -202,6 +202,15 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="mostrecent",
         )
+        self.route_paused = Gauge(
+            prefix + "route_paused",
+            "1 while an async route is paused (read from the store): no delivery is "
+            "attempted but its probes. by: auto (its upstream refused pause_after attempts "
+            "in a row) or operator (paused by hand: only a resume lifts it).",
+            ["route", "by"],
+            registry=self.registry,
+            multiprocess_mode="mostrecent",
+        )
         self.delivery_attempts = Counter(
             prefix + "delivery_attempts",
             "Delivery attempts by result, counted by the process that made them; "
@@ -254,6 +263,16 @@ class Metrics:
             self.queue_depth.labels(stat.route, "queued").set(stat.queued)
             self.queue_depth.labels(stat.route, "retrying").set(stat.retrying)
             self.queue_oldest_age.labels(stat.route).set(stat.oldest_wait_seconds)
+
+    def set_pauses(self, paused: dict[str, str], routes: list[str]) -> None:
+        """Replace the pause gauge with a fresh read (`paused`: route -> "auto" or
+        "operator", the paused routes alone): every async route is present, at 0 when
+        it is not paused, by both kinds; a paused route no longer configured too."""
+        if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+            self.route_paused.clear()
+        for route in sorted({*routes, *paused}):
+            for by in ("auto", "operator"):
+                self.route_paused.labels(route, by).set(1 if paused.get(route) == by else 0)
 
     def attempt(self, route: str, result: str) -> None:
         """A delivery attempt's result ("" when nothing was attempted: not counted)."""

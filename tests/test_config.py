@@ -1254,6 +1254,87 @@ def test_bad_delivery_and_retry_values() -> None:
     assert "from 0 to 10000" in found["server.max_deliveries"]
 
 
+def test_delivery_delay_settings() -> None:
+    (plain,) = parse({"routes": [route(delivery="async", **KEYED)]}).routes
+    assert (plain.delivery.delay, plain.delivery.max_delay) == (0.0, 7 * 86400.0)
+    assert plain.delivery.delay_header == "Delivery-Delay"
+    assert plain.delivery.not_before_header == "Delivery-Not-Before"
+    given = {
+        "mode": "async",
+        "delay": "90s",
+        "max_delay": "2h",
+        "delay_header": "X-Run-In",
+        "not_before_header": False,
+    }
+    (own,) = parse({"routes": [route(delivery=given, **KEYED)]}).routes
+    assert (own.delivery.delay, own.delivery.max_delay) == (90.0, 7200.0)
+    assert (own.delivery.delay_header, own.delivery.not_before_header) == ("X-Run-In", None)
+    off = {"mode": "async", "delay_header": ""}
+    assert parse({"routes": [route(delivery=off, **KEYED)]}).routes[0].delivery.delay_header is None
+    found = route_error(delivery={"mode": "async", "delay": "3h", "max_delay": "1h"}, **KEYED)
+    assert found == {
+        "routes[0].delivery.delay": "delay 3h is longer than max_delay 1h; make it at most 1h, "
+        "or raise max_delay"
+    }
+    found = route_error(delivery={"mode": "async", "delay_header": "Run In"}, **KEYED)
+    assert found == {
+        "routes[0].delivery.delay_header": '"Run In" is not a header name; write e.g. '
+        "Delivery-Delay, or false to read no such header"
+    }
+    found = route_error(delivery={"mode": "async", "delay": "-1s"}, **KEYED)
+    assert "is not a duration" in found["routes[0].delivery.delay"]
+    found = route_error(delivery={"mode": "async", "max_delay": "0s"}, **KEYED)
+    assert "must be more than 0" in found["routes[0].delivery.max_delay"]
+    for name in ("delay", "max_delay", "delay_header", "not_before_header"):
+        value = "X-Later" if name.endswith("header") else "5s"
+        assert route_error(delivery={name: value}, **KEYED) == {
+            f"routes[0].delivery.{name}": f"{name} is set but delivery is sync; add mode: async"
+        }
+
+
+def test_delivery_delay_error_has_file_position(tmp_path: Path) -> None:
+    path = tmp_path / "delay.yaml"
+    path.write_text(
+        "routes:\n  - name: a\n    match: {path: /a}\n    upstream: http://127.0.0.1:5000\n"
+        "    key: {header: K}\n    on_unknown_outcome: park\n"
+        "    delivery: {mode: async, max_delay: 1m, delay: 2m}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(f"{path}:7:51: routes[0].delivery.delay: delay 2m")
+
+
+def test_pause_settings_are_async_and_checked(tmp_path: Path) -> None:
+    (short,) = parse({"routes": [route(delivery="async", **KEYED)]}).routes
+    assert (short.delivery.pause_after, short.delivery.probe_every) == (0, 30.0)
+    given = {"mode": "async", "pause_after": 3, "probe_every": "500ms"}
+    (paused,) = parse({"routes": [route(delivery=given, **KEYED)]}).routes
+    assert (paused.delivery.pause_after, paused.delivery.probe_every) == (3, 0.5)
+    text = describe(parse({"routes": [route(delivery=given, **KEYED)]}))
+    assert "after 3 refused attempts in a row; then one probe every 500ms" in text
+    assert "refused attempts" not in describe(parse({"routes": [route(delivery="async", **KEYED)]}))
+    assert route_error(delivery={"pause_after": 3}, **KEYED) == {
+        "routes[0].delivery.pause_after": "pause_after is set but delivery is sync; add mode: async"
+    }
+    assert route_error(delivery={"probe_every": "5s"}, **KEYED) == {
+        "routes[0].delivery.probe_every": "probe_every is set but delivery is sync; add mode: async"
+    }
+    found = route_error(delivery={"mode": "async", "pause_after": -1}, **KEYED)
+    assert "not a whole number from 0 to 1000" in found["routes[0].delivery.pause_after"]
+    found = route_error(delivery={"mode": "async", "pause_after": "3x"}, **KEYED)
+    assert "routes[0].delivery.pause_after" in found
+    found = route_error(delivery={"mode": "async", "probe_every": "0s"}, **KEYED)
+    assert "it must be more than 0" in found["routes[0].delivery.probe_every"]
+    path = tmp_path / "pause.yaml"
+    path.write_text(
+        "routes:\n  - name: a\n    match: {path: /a}\n    upstream: http://127.0.0.1:5000\n"
+        "    key: {header: K}\n    delivery: {mode: async, probe_every: 0s}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(f"{path}:6:42: routes[0].delivery.probe_every")
+
+
 def test_async_route_error_has_file_position(tmp_path: Path) -> None:
     path = tmp_path / "async.yaml"
     path.write_text(
@@ -1270,5 +1351,9 @@ def test_describe_async_route() -> None:
     text = describe(parse(data))
     assert "async: 202 at once; 4 at a time per process; up to 10000 queued" in text
     assert "never stored: cookie" in text
+    assert "at once, or as Delivery-Delay or Delivery-Not-Before asks; at most 7d later" in text
+    later = {"mode": "async", "delay": "90s", "not_before_header": False}
+    text = describe(parse({"routes": [route(delivery=later, **KEYED)]}))
+    assert "90s after acceptance, or as Delivery-Delay asks; at most 7d later" in text
     assert "8 attempts; backoff 2s doubling, full jitter, at most 10m" in text
     assert "64 deliveries at once" in text

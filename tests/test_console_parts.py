@@ -36,6 +36,7 @@ from gateway.store.base import NewDelivery
 from gateway.store.memory import MemoryStore
 from gateway.store.pages import PAGE_SIZE, READ_ROUNDS
 from gateway.store.redis import RedisStore
+from gateway.store.route_pauses import PauseMove
 from tests.conftest import config_for, unique
 from tests.support.servers import RedisServer, wait_for_port
 
@@ -272,9 +273,12 @@ class Console:
         return record
 
 
-def console_config(roles: dict[str, str] | None = None, **admin: Any) -> Config:
+def console_config(
+    roles: dict[str, str] | None = None, routes: list[dict[str, Any]] | None = None, **admin: Any
+) -> Config:
     """The console's config: every one of TOKENS an operator (or `roles`), their
-    tokens from the environment, behind a proxy at 10.0.0.0/8; `admin` changes it."""
+    tokens from the environment, behind a proxy at 10.0.0.0/8; `admin` changes it,
+    `routes` are added to its route."""
     section = {
         "operators": [
             {"name": name, "role": role, "token_env": f"{name.upper()}_TOKEN"}
@@ -284,7 +288,7 @@ def console_config(roles: dict[str, str] | None = None, **admin: Any) -> Config:
         "identity_header": "X-Auth-Request-User",
         "trusted_proxies": ["10.0.0.0/8"],
     } | admin
-    routes = [{"name": ROUTE, "match": {"path": "/c"}, "key": {"body": "k"}}]
+    routes = [{"name": ROUTE, "match": {"path": "/c"}, "key": {"body": "k"}}, *(routes or [])]
     return config_for("http://127.0.0.1:9", routes, admin=section)
 
 
@@ -799,3 +803,92 @@ async def test_a_bulk_retry_is_counted_confirmed_and_said(console: Console) -> N
         assert forged.status_code == 403
         unrouted = await client.get("/console/bulk")
         assert unrouted.status_code == 400 and "name it" in unrouted.text
+
+
+@pytest.mark.anyio
+async def test_the_overview_lists_paused_routes_with_who_and_why(console: Console) -> None:
+    """A paused route is a line of its own on the overview, who and why escaped; an
+    automatic pause says when the next probe goes out; none: no section."""
+    async with console.client() as client:
+        await sign_in(client, "alice")
+        assert 'id="paused"' not in (await client.get("/console/")).text
+        why = "<script>alert(1)</script> upstream maintenance"
+        await console.gateway.store.change_pause(ROUTE, PauseMove("pause", by="bob", why=why))
+        await asyncio.sleep(1.1)  # the overview's counts are shared for a second
+        page = (await client.get("/console/")).text
+        assert (
+            'id="paused"' in page and f'<li data-route="{ROUTE}"><strong>{ROUTE}</strong>' in page
+        )
+        assert "by bob: &lt;script&gt;alert(1)&lt;/script&gt; upstream maintenance" in page
+        assert "only a resume lifts it" in page and "<script>alert" not in page
+        await console.gateway.store.change_pause(ROUTE, PauseMove("resume", by="bob", why="ok"))
+        for _ in range(3):
+            move = PauseMove("refused", why="connect refused", pause_after=3)
+            await console.gateway.store.change_pause(ROUTE, move)
+        await asyncio.sleep(1.1)
+        page = (await client.get("/console/")).text
+        assert "by the gateway: its upstream refused 3 attempts in a row (last: connect" in page
+        assert "the next probe is at " in page
+
+
+DELIVER = {
+    "name": "deliver",
+    "match": {"path": "/d"},
+    "key": {"header": "Idempotency-Key"},
+    "delivery": "async",
+}
+
+
+@pytest.mark.anyio
+async def test_an_operator_pauses_and_resumes_a_route_from_the_overview(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The overview's forms: pause an async route with why, resume it; a viewer sees no
+    form and is refused; a post without the session's CSRF token changes nothing; a
+    pause without why is refused in words."""
+    for name, token in TOKENS.items():
+        monkeypatch.setenv(f"{name.upper()}_TOKEN", token)
+    monkeypatch.setenv("CONSOLE_SECRET", "s" * 40)
+    roles = {"alice": "operator", "bob": "operator", "carol": "viewer"}
+    config = console_config(roles, routes=[DELIVER])
+    gateway = Gateway(config, store=MemoryStore(), sweep=False)
+    await gateway.start()
+    console = Console(gateway, create_admin_app(gateway))
+    try:
+        async with console.client() as alice, console.client() as carol:
+            token = await sign_in(alice, "alice")
+            page = (await alice.get("/console/")).text
+            assert 'id="pause-route"' in page and "<option>deliver</option>" in page
+            assert f"<option>{ROUTE}</option>" not in page  # a sync route does not pause
+
+            fields = {"route": "deliver", "move": "pause", "why": "maintenance <b>"}
+            forged = await alice.post("/console/route-pause", data=fields)
+            assert forged.status_code == 403
+            assert not (await gateway.store.route_pause("deliver")).paused
+            unsaid = await alice.post(
+                "/console/route-pause", data=fields | {"csrf": token, "why": ""}
+            )
+            assert unsaid.status_code == 400 and "Say why the route is to pause" in unsaid.text
+            posted = await alice.post("/console/route-pause", data=fields | {"csrf": token})
+            assert posted.status_code == 303
+            assert posted.headers["location"] == "/console/?notice=route_paused"
+            state = await gateway.store.route_pause("deliver")
+            assert (state.paused, state.by, state.why) == (True, "alice", "maintenance <b>")
+
+            viewer_token = await sign_in(carol, "carol")
+            assert 'action="/console/route-pause"' not in (await carol.get("/console/")).text
+            resume = {"route": "deliver", "move": "resume", "why": "done", "csrf": viewer_token}
+            refused = await carol.post("/console/route-pause", data=resume)
+            assert refused.status_code == 403
+            assert (await gateway.store.route_pause("deliver")).paused
+
+            await asyncio.sleep(1.1)  # the overview's counts are shared for a second
+            page = (await alice.get("/console/?notice=route_paused")).text
+            assert "Route paused: nothing is delivered" in page
+            assert "by alice: maintenance &lt;b&gt;" in page and 'value="resume"' in page
+            resumed = await alice.post("/console/route-pause", data=resume | {"csrf": token})
+            assert resumed.status_code == 303
+            state = await gateway.store.route_pause("deliver")
+            assert (state.paused, state.by, state.why) == (False, "alice", "done")
+    finally:
+        await gateway.close()

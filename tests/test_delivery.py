@@ -995,3 +995,41 @@ async def test_a_pick_whose_reply_was_lost_is_found_by_its_repeat(upstream: Proc
     finally:
         await gw.http.aclose()
         await gateway.close()
+
+
+# -- what an attempt says of the upstream, for the route's pause ---------------------------
+
+
+async def test_the_pause_counts_refusals_not_unknown_outcomes_and_an_answer_resets_it(
+    gateway_for: Build,
+) -> None:
+    """A 503 counts toward `delivery.pause_after`; an attempt sent and then timed out
+    (an unknown outcome) leaves the count as it is, neither a refusal nor an answer; an
+    answered attempt resets it."""
+    route = async_route(
+        upstream_timeout="500ms",
+        on_unknown_outcome="park",
+        retry={"attempts": 1, "backoff": "50ms"},
+        delivery={"mode": "async", "pause_after": 3, "probe_every": "10s"},
+    )
+    gw = await gateway_for([route])
+    store = gw.gateway.store
+
+    async def failures_become(n: int) -> None:
+        deadline = time.monotonic() + 5
+        while (await store.route_pause(ROUTE)).failures != n:
+            assert time.monotonic() < deadline, await store.route_pause(ROUTE)
+            await asyncio.sleep(0.02)
+
+    assert (await send(gw, unique("refused"), "status=503")).status_code == 202
+    await failures_become(1)
+    unknown = unique("unknown")
+    assert (await send(gw, unknown, "sleep=1.5")).status_code == 202
+    await wait_for_state(gw, unknown, State.PARKED)
+    await asyncio.sleep(0.2)  # the count is written after the settlement
+    state = await store.route_pause(ROUTE)
+    assert (state.failures, state.paused) == (1, False)
+    answered = unique("answered")
+    assert (await send(gw, answered, "")).status_code == 202
+    await wait_for_state(gw, answered, State.COMPLETED)
+    await failures_become(0)

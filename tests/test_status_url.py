@@ -541,6 +541,11 @@ def test_the_202_body_is_json_of_its_four_fields(key: str, outcome: str) -> None
     assert json.loads(reply.body) == fields
     assert reply.status == 202 and ("location", url) in reply.headers
     assert (("idempotent-replayed", "true") in reply.headers) is (outcome == "replayed")
+    due = "2026-12-04T18:00:00.250Z"  # a delayed delivery's: one more field, last
+    later = accepted_reply(PREFIX, route, ref, "queued", token, outcome, due)
+    assert later.body == json.dumps({**fields, "due": due}).encode()
+    unconfirmed = accepted_reply(PREFIX, route, ref, "queued", token, "accepted_unconfirmed", due)
+    assert unconfirmed.status == 202 and json.loads(unconfirmed.body)["due"] == due
 
 
 def test_run_ids_and_tokens_are_fresh_and_full_length() -> None:

@@ -24,6 +24,7 @@ from gateway.store.redis import RedisStore
 from gateway.store.redis.admission import admission_key
 from gateway.store.redis.listing import BUCKETS, bucket_of
 from gateway.store.redis.record import text
+from gateway.store.route_pauses import PauseMove
 from gateway.store.transfer import ExportedRecord
 from tests.conftest import EVERY_TOPOLOGY, unique
 from tests.support.servers import RedisServer
@@ -770,6 +771,44 @@ async def test_pick_never_claims_a_delivery_that_is_not_due(store: Store) -> Non
     assert record is not None and record.state is State.RETRYING and record.run_id == "run-1"
 
 
+async def test_a_delayed_accept_is_never_picked_before_its_due_time(store: Store) -> None:
+    heard = await Heard(store).subscribed(store)
+    r = ref()
+    accepted_ = await store.accept(
+        NewDelivery(r, "run-a", "fp", REQUEST, TOKEN, origin="replica-a", delay_ms=30_000)
+    )
+    assert accepted_.outcome == "queued"
+    record = await store.get(r)
+    assert record is not None and record.state is State.QUEUED and record.attempts == 0
+    assert record.due_ms == accepted_.now_ms + 30_000 and record.created_ms == accepted_.now_ms
+    early = await picked(store, r)
+    assert early.record is None and early.why == "not_due"
+    assert early.due_ms == record.due_ms
+    # A pick of another hint (a search of the route, where the store can) passes it by.
+    assert (await picked(store, ref(), "run-2")).record is None
+    [candidate], now = await store.due_candidates(r.route, 10)
+    assert candidate.ref.digest == r.digest and candidate.due_ms == record.due_ms > now
+    [stat] = await store.queue_stats()
+    assert (stat.queued, stat.retrying, stat.oldest_wait_seconds) == (1, 0, 0)
+    # A repeat keeps the first due time, whatever it asks for.
+    again = await store.accept(NewDelivery(r, "run-b", "fp", REQUEST, TOKEN, delay_ms=0))
+    assert again.outcome == "exists" and again.record is not None
+    assert again.record.due_ms == record.due_ms and again.record.run_id == "run-a"
+    await heard.until(lambda: any(d.ref.digest == r.digest for d in heard.due))
+    [due] = [d for d in heard.due if d.ref.digest == r.digest]
+    assert due.due_ms == record.due_ms and due.now_ms == accepted_.now_ms
+    after = await store.get(r)
+    assert after is not None and after.state is State.QUEUED and after.attempts == 0
+    assert [e["event"] for e in after.history] == []  # waiting is no attempt
+    # A short delay: due once it passes, then picked as any queued delivery is.
+    soon = ref()
+    await store.accept(NewDelivery(soon, "run-c", "fp", REQUEST, TOKEN, delay_ms=150))
+    assert (await picked(store, soon, "run-3")).why == "not_due"
+    await asyncio.sleep(0.2)
+    taken = await picked(store, soon, "run-4")
+    assert taken.record is not None and taken.record.attempts == 1
+
+
 async def test_pick_never_starts_an_attempt_over_the_limit(store: Store) -> None:
     r = await accepted(store)
     await picked(store, r, max_attempts=1)
@@ -1156,6 +1195,111 @@ async def test_every_process_reads_the_roster_another_recorded(
     try:
         assert await other.roster() == recorded
         assert await other.record_roster({"token:alice": "a"}) == recorded
+    finally:
+        await other.close()
+
+
+# -- the routes' pauses (store/route_pauses.py) --------------------------------------------
+
+
+def refused(pause_after: int = 3, every_ms: int = 60_000) -> PauseMove:
+    return PauseMove(
+        "refused", why="connect refused", pause_after=pause_after, probe_every_ms=every_ms
+    )
+
+
+async def test_a_route_pauses_after_its_failures_and_a_probe_answered_resumes_it(
+    store: Store,
+) -> None:
+    """Consecutive refusals pause a route at pause_after, by "auto", with a probe due
+    probe_every later; an answer resets the count; a probe is taken once per interval;
+    the probe's answer lifts the pause."""
+    route = unique("route")
+    fresh = await store.route_pause(route)
+    assert (fresh.failures, fresh.paused, fresh.verdict) == (0, False, "open")
+    assert fresh.now_ms > 0
+    for expected in (1, 2):
+        state, verdict = await store.change_pause(route, refused())
+        assert (state.failures, state.paused, verdict) == (expected, False, "open")
+    state, _ = await store.change_pause(route, PauseMove("answered"))
+    assert (state.failures, state.paused) == (0, False)  # consecutive only
+    for _ in range(3):
+        state, verdict = await store.change_pause(route, refused())
+    assert state.paused and state.by == "auto" and state.why == "connect refused"
+    assert verdict == "closed" and state.failures == 3
+    assert state.probe_ms - state.since_ms == 60_000
+    read = await store.route_pause(route)
+    assert (read.since_ms, read.by, read.probe_ms, read.verdict) == (
+        state.since_ms,
+        "auto",
+        state.probe_ms,
+        "closed",
+    )
+    assert (await store.change_pause(route, PauseMove("probe")))[1] == "closed"
+    listed = (await store.route_pauses())[route]
+    assert dataclasses.replace(listed, now_ms=0) == dataclasses.replace(read, now_ms=0)
+
+    other = unique("route")  # a probe every 1 ms: due at once
+    for _ in range(2):
+        await store.change_pause(other, refused(2, 1))
+    await asyncio.sleep(0.01)
+    assert (await store.route_pause(other)).verdict == "probe"
+    takes = await asyncio.gather(
+        *(store.change_pause(other, PauseMove("probe", probe_every_ms=60_000)) for _ in range(8))
+    )
+    assert sorted(verdict for _, verdict in takes) == ["closed"] * 7 + ["probe"]
+    state, verdict = await store.change_pause(other, PauseMove("answered"))
+    assert (state.paused, state.failures, verdict, state.by) == (False, 0, "open", "auto")
+    assert state.why == "a probe was answered"
+
+
+async def test_a_manual_pause_is_lifted_by_a_manual_resume_alone(store: Store) -> None:
+    """An operator's pause sends no probe and an answer does not lift it; a resume
+    does, with who and why recorded; it takes over an automatic pause, keeping since."""
+    route = unique("route")
+    for _ in range(2):
+        await store.change_pause(route, refused(2, 1))
+    auto = await store.route_pause(route)
+    state, verdict = await store.change_pause(
+        route, PauseMove("pause", by="alice", why='upstream maintenance ünïcode "x"')
+    )
+    assert (state.paused, state.by, verdict) == (True, "alice", "closed")
+    assert state.why == 'upstream maintenance ünïcode "x"' and state.since_ms == auto.since_ms
+    await asyncio.sleep(0.01)
+    assert (await store.change_pause(route, PauseMove("probe")))[1] == "closed"
+    state, verdict = await store.change_pause(route, PauseMove("answered"))
+    assert (state.paused, state.by, verdict) == (True, "alice", "closed")
+    state, verdict = await store.change_pause(route, PauseMove("resume", by="bob", why="fixed"))
+    assert (state.paused, state.failures, state.by, state.why, verdict) == (
+        False,
+        0,
+        "bob",
+        "fixed",
+        "open",
+    )
+    assert (await store.route_pause(route)).by == "bob"
+
+
+async def test_refusals_at_once_are_all_counted(store: Store) -> None:
+    route = unique("route")
+    await asyncio.gather(*(store.change_pause(route, refused(0)) for _ in range(10)))
+    assert (await store.route_pause(route)).failures == 10
+
+
+async def test_every_process_shares_the_pause(
+    store: Store, make_store: Callable[[], Store], store_kind: str
+) -> None:
+    if store_kind == "memory":
+        pytest.skip("the memory store is one process's")
+    route = unique("route")
+    await store.change_pause(route, PauseMove("pause", by="alice", why="w"))
+    other = make_store()  # another replica's store: the same prefix
+    await other.start()
+    try:
+        seen = await other.route_pause(route)
+        assert (seen.paused, seen.by, seen.why) == (True, "alice", "w")
+        await other.change_pause(route, PauseMove("resume", by="bob", why="ok"))
+        assert not (await store.route_pause(route)).paused
     finally:
         await other.close()
 

@@ -31,6 +31,7 @@ from gateway.errors import StoreError
 from gateway.records import KeyRef, Record, State, StoredResponse
 from gateway.store.base import Store
 from gateway.store.sqlite import SqliteStore
+from gateway.store.sqlite.database import WriteTurns
 from gateway.store.sqlite.rows import Effects
 from gateway.store.sqlite.schema import APPLICATION_ID, latest, migrations
 from tests.conftest import GatewayClient, unique, upstream_count
@@ -706,3 +707,70 @@ async def test_what_else_is_in_the_notice_folder_fails_no_write(tmp_path: Path) 
     finally:
         await a.close()
         await b.close()
+
+
+def test_a_worker_waits_its_turn_at_the_write_lock_in_the_kernels_queue(tmp_path: Path) -> None:
+    """Two processes' turns (two descriptors, as two workers have): while one holds the
+    turn the other waits for it, gets it as soon as it is given, and a wait that runs
+    past its deadline is given up, its turn let go when it comes (so the next take
+    gets one)."""
+    first, second = (WriteTurns(tmp_path / "gateway.db") for _ in range(2))
+    for turns in (first, second):
+        turns.open()
+        turns.shared = True
+    try:
+        assert first.take(5.0) and first.held
+        taken = threading.Event()
+        waiter = threading.Thread(target=lambda: second.take(10.0) and taken.set())
+        waiter.start()
+        assert not taken.wait(0.3), "the second worker took the turn the first holds"
+        first.give()
+        assert taken.wait(5.0), "the turn given was not taken"
+        waiter.join()
+        assert second.held
+        assert not first.take(0.2), "a turn held by another was had past its deadline"
+        second.give()
+        assert first.take(5.0) and first.held
+        first.give()
+    finally:
+        first.close()
+        second.close()
+
+
+async def test_a_worker_holding_the_write_lock_too_long_gets_a_store_error_answered(
+    tmp_path: Path,
+) -> None:
+    """A worker that holds its turn and stops (SIGSTOP, a debugger) leaves the others'
+    callers answered: a StoreError (503) at the store's deadline, and service again
+    once the turn is given."""
+    url = f"sqlite://{tmp_path / 'gateway.db'}"
+    stopped, serving = (SqliteStore(StoreConfig(url=url, socket_timeout=0.5)) for _ in range(2))
+    await stopped.start()
+    await serving.start()
+    try:
+        await serving.get(ref())  # both see each other's notice sockets
+        stopped.db.turns.shared = True
+        assert stopped.db.turns.take(1.0)
+        with pytest.raises(StoreError, match="write lock"):
+            await serving.claim(ref(), "run-1", "fp", 30)
+        stopped.db.turns.give()
+        assert await serving.claim(ref(), "run-2", "fp", 30) is None
+    finally:
+        await stopped.close()
+        await serving.close()
+
+
+def test_a_link_in_place_of_the_lock_file_is_not_followed(tmp_path: Path) -> None:
+    """`gateway.db-lock` a link to somewhere else: nothing is made where it points, and
+    the workers fall back to SQLite's own wait."""
+    target = tmp_path / "elsewhere" / "made-by-the-gateway"
+    target.parent.mkdir()
+    (tmp_path / "gateway.db-lock").symlink_to(target)
+    turns = WriteTurns(tmp_path / "gateway.db")
+    turns.open()
+    turns.shared = True
+    try:
+        assert turns.take(1.0) and not turns.held
+    finally:
+        turns.close()
+    assert not target.exists()

@@ -25,7 +25,7 @@ import logging
 import os
 from collections.abc import Mapping
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
@@ -113,6 +113,8 @@ def create_admin_app(gateway: Gateway) -> Starlette:
             # The same, the route and key in the query, where any key is one value
             # whatever it holds (`/`, `..`, `?`): a proxy in front that decodes and
             # resolves the path cannot turn it into another key's.
+            Route("/admin/routes/{route}/pause", pause_route, methods=["POST"]),
+            Route("/admin/routes/{route}/resume", resume_route, methods=["POST"]),
             Route("/admin/key", show_key),
             Route("/admin/key/claim", claim_key, methods=["POST"]),
             Route("/admin/key/resolve", resolve_key, methods=["POST"]),
@@ -385,6 +387,27 @@ async def bulk_resolve(request: Request) -> Response:
         given=body.get("operator"),
     )
     return JSONResponse(done.to_json())
+
+
+async def pause_route(request: Request) -> Response:
+    """Pause an async route by hand: `{"why": "...", "operator": ...}`."""
+    return await _pause(request, "pause")
+
+
+async def resume_route(request: Request) -> Response:
+    """Resume an async route, however it was paused: `{"why": "...", "operator": ...}`."""
+    return await _pause(request, "resume")
+
+
+async def _pause(request: Request, move: Literal["pause", "resume"]) -> Response:
+    gateway, operator = authenticate(request)
+    route, client = request.path_params["route"], client_of(request)
+    actions.may(gateway, operator, f"{move}_route", KeyRef("", route, ""), client)
+    body = await _json_body(request, _MAX_ADMIN_BODY)
+    done = await actions.pause_route(
+        gateway, operator, route, move, body.get("why"), client, given=body.get("operator")
+    )
+    return JSONResponse(done)
 
 
 def _ref(gateway: Gateway, request: Request) -> KeyRef:

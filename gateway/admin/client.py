@@ -358,8 +358,12 @@ def _run(args: argparse.Namespace, client: AdminClient) -> int:
         status, doc = client.call("GET", _key_url(args.route, args.key, args.digest))
     elif command == "retry":
         status, doc = _retry(args, client)
+    elif command in ("pause", "resume"):
+        body: dict[str, Any] = {**_named(args, client), "why": args.why}
+        route = quote(args.route, safe="")
+        status, doc = client.call("POST", f"/admin/routes/{route}/{command}", body)
     elif command == "claim":
-        body: dict[str, Any] = {**_named(args, client), "force": args.force}
+        body = {**_named(args, client), "force": args.force}
         status, doc = client.call(
             "POST", _key_url(args.route, args.key, args.digest, "/claim"), body
         )
@@ -395,12 +399,25 @@ def _shown_doc(command: str, status: int, doc: dict[str, Any]) -> str:
             _print_bulk(doc)
         elif command == "overview":
             _print_overview(doc)
+        elif command in ("pause", "resume"):
+            _print_pause(doc)
         elif command == "whoami":
             name = doc["name"] or "(the shared token: no name)"
             print(f"{name}: {doc['role']}, via {doc['via'].replace('_', ' ')}")
         else:
             _print_record(doc)
     return printed.getvalue().removesuffix("\n")
+
+
+def _print_pause(doc: dict[str, Any]) -> None:
+    paused = doc["paused"]
+    if paused is None:
+        print(f"route {doc['route']}: delivering (resumed by {doc['by']}: {doc['why']})")
+        return
+    print(
+        f"route {doc['route']}: paused since {_when(paused['since_ms'])} by {paused['by']}: "
+        f"{paused['why']}"
+    )
 
 
 def _print_problem(status: int, doc: dict[str, Any]) -> None:
@@ -535,7 +552,9 @@ def _shared_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
 
 def add_parser(sub: Any) -> None:
     keys = sub.add_parser(
-        "keys", help="overview, list, show, claim and resolve keys (the operator API)"
+        "keys",
+        help="overview, list, show, claim and resolve keys; pause and resume routes "
+        "(the operator API)",
     )
     _shared_options(keys, defaults=True)
     keys.set_defaults(func=run)
@@ -589,6 +608,18 @@ def add_parser(sub: Any) -> None:
         parents=[shared],
     )
     actions.add_parser("whoami", help="who your token says you are", parents=[shared])
+    for name, text in (
+        ("pause", "pause an async route: nothing is delivered until a resume"),
+        ("resume", "resume an async route, however it was paused"),
+    ):
+        action = actions.add_parser(name, help=text, parents=[shared])
+        action.add_argument("route")
+        action.add_argument("--why", required=True, help="why (recorded with your name)")
+        action.add_argument(
+            "--operator",
+            help="with the shared token: the name to record (default $USER); with "
+            "your own token, leave it out",
+        )
     for name, text in (
         ("show", "a key with its history"),
         ("claim", "take a key to work on"),

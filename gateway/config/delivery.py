@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from gateway.config.http import HeaderNames
+from gateway.config.http import HeaderNames, HeaderOrOff
 from gateway.config.issues import Problems
 from gateway.config.sections import Section, settings
-from gateway.config.types import Duration, OneOf, Whole
+from gateway.config.types import Duration, GraceDuration, OneOf, Whole
 from gateway.config.units import format_duration
 
 DeliveryMode = Literal["sync", "async"]
@@ -83,6 +83,32 @@ class DeliveryConfig(Section):
     drop_headers: HeaderNames = frozenset()
     """Request headers never stored with a queued request, so never delivered. The key
     header is re-added at each attempt."""
+    delay: GraceDuration = 0.0
+    """How long after acceptance a new key's first attempt is due, unless the request
+    asks for another time (`delay_header`, `not_before_header`). At most `max_delay`.
+    A delay is kept in the store's due-time index, as a retry's is: it outlasts a
+    restart, and waiting is never an attempt."""
+    max_delay: Duration = 7 * 86400.0
+    """The latest a request may ask its delivery for, from acceptance. A request that
+    asks for more is refused with 400 `bad-delivery-time`, nothing stored: a job run
+    earlier than asked would be worse."""
+    delay_header: HeaderOrOff = "Delivery-Delay"
+    """The request header that asks for a delay before the first attempt: a duration
+    (`90s`, `15m`, `2h`; seconds when it has no unit), in ASCII digits. Read, then
+    never stored or delivered. `false`: no header is read."""
+    not_before_header: HeaderOrOff = "Delivery-Not-Before"
+    """The request header that asks for the first attempt not before a time, an
+    HTTP-date (`Fri, 04 Dec 2026 18:00:00 GMT`); a time past is due at once. Read,
+    then never stored or delivered. `false`: no header is read."""
+    pause_after: Annotated[int, Whole(0, 1000)] = 0
+    """Attempts in a row, over all replicas, refused or never sent (the connection
+    refused or failed, a 5xx, a 429) after which the route pauses: no delivery is
+    attempted (none uses up an attempt or is parked for it), one probe delivery goes
+    out every `probe_every`, and the first one the upstream answers resumes the route.
+    An unknown outcome (sent, then no answer) leaves the count as it is. 0: never."""
+    probe_every: Duration = 30.0
+    """While the route is paused by `pause_after`, how often one delivery is attempted
+    as a probe, by one process of all replicas. An operator's pause sends no probe."""
 
     @classmethod
     def check(
@@ -93,9 +119,28 @@ class DeliveryConfig(Section):
         problems: Problems,
     ) -> dict[str, Any]:
         if values.get("mode") == "sync":
-            for name in ("concurrency", "max_queued", "drop_headers"):
+            for name in (
+                "concurrency",
+                "max_queued",
+                "drop_headers",
+                "delay",
+                "max_delay",
+                "delay_header",
+                "not_before_header",
+                "pause_after",
+                "probe_every",
+            ):
                 if name in given:
                     problems.add((name,), f"{name} is set but delivery is sync; add mode: async")
+            return {}
+        delay, cap = values.get("delay"), values.get("max_delay")
+        if delay is not None and cap is not None and delay > cap:
+            fmt = format_duration
+            problems.add(
+                ("delay",),
+                f"delay {fmt(delay)} is longer than max_delay {fmt(cap)}; make it at most "
+                f"{fmt(cap)}, or raise max_delay",
+            )
         return {}
 
 

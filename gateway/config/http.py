@@ -123,6 +123,17 @@ def _forward_header(value: object) -> str | None:
     )
 
 
+def _header_or_off(value: object) -> str | None:
+    if value is None or value is False or value == "":
+        return None
+    if isinstance(value, str) and is_token(value):
+        return value
+    raise ValueError(
+        f"{show(value)} is not a header name; write e.g. Delivery-Delay, or false to read "
+        "no such header"
+    )
+
+
 def _networks(value: object) -> tuple[IPNetwork, ...]:
     """Addresses or CIDR blocks: `127.0.0.1`, `10.0.0.0/8`, `::1`."""
     out: list[IPNetwork] = []
@@ -170,6 +181,15 @@ ForwardHeader = Annotated[
     str | None,
     Check(
         _forward_header,
+        {"anyOf": [_TOKEN, {"enum": [False, None, ""]}]},
+        written="header name, or `false`",
+    ),
+]
+#: A request header the gateway reads, or None: `false`, `null` or `""`.
+HeaderOrOff = Annotated[
+    str | None,
+    Check(
+        _header_or_off,
         {"anyOf": [_TOKEN, {"enum": [False, None, ""]}]},
         written="header name, or `false`",
     ),

@@ -187,6 +187,23 @@ def _describe_route(route: Route) -> list[str]:
                 + (", ".join(sorted(dl.drop_headers)) or "none"),
             )
         )
+        asked = " or ".join(h for h in (dl.delay_header, dl.not_before_header) if h)
+        rows.append(
+            (
+                "first attempt",
+                ("at once" if not dl.delay else f"{fmt(dl.delay)} after acceptance")
+                + (f", or as {asked} asks" if asked else "")
+                + f"; at most {fmt(dl.max_delay)} later",
+            )
+        )
+        if dl.pause_after:
+            rows.append(
+                (
+                    "pause",
+                    f"after {dl.pause_after} refused attempts in a row; then one probe every "
+                    f"{fmt(dl.probe_every)} until one is answered",
+                )
+            )
         rows.append(
             (
                 "retry",

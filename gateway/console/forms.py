@@ -1,5 +1,6 @@
-"""The console's form posts: sign in, sign out, claim (and take over), resolve, and a
-bulk action on a route's parked deliveries (answered with its page: how many).
+"""The console's form posts: sign in, sign out, claim (and take over), resolve; pause
+and resume an async route (`pause_route`, from the overview); and a bulk action on a
+route's parked deliveries (answered with its page: how many).
 
 Each post is checked by console/access.py (Origin, session, CSRF token) before its
 fields are read, acts through gateway/operators/actions.py (client "console": the log line and
@@ -31,7 +32,7 @@ from gateway.console.rendering import PREFIX, key_url, page
 from gateway.console.session import clearing_header
 from gateway.console.wording import Refusal, refusal_for
 from gateway.digits import whole_number
-from gateway.errors import BadResponse, OperatorRefusal
+from gateway.errors import BadOperatorRequest, BadResponse, OperatorRefusal
 from gateway.operators import actions
 from gateway.operators.identity import audit_sign_in
 from gateway.records import KeyRef, State
@@ -204,3 +205,23 @@ async def resolve(request: Request) -> Response:
         return await _refused(request, who, ref, refusal_for(exc), exc.status)
     notice = f"resolved_{outcome}"
     return RedirectResponse(key_url(ref.route, ref.key, ref.digest) + f"&notice={notice}", 303)
+
+
+async def pause_route(request: Request) -> Response:
+    """Pause or resume an async route from the overview, with why; back to the
+    overview with a notice, or the overview again with the refusal in words."""
+    who, form = await poster(request)
+    gateway = gateway_of(request)
+    move = form.get("move", "")
+    route, why = form.get("route", ""), form.get("why", "").strip()
+    try:
+        if move not in ("pause", "resume"):
+            raise BadOperatorRequest("The form says neither pause nor resume.", field="move")
+        await actions.pause_route(
+            gateway, who.operator, route, "pause" if move == "pause" else "resume", why, "console"
+        )
+    except OperatorRefusal as exc:
+        context = await pages.overview_context(request, who)
+        context["refusal"] = refusal_for(exc)
+        return page(request, "overview.html", context, exc.status)
+    return RedirectResponse(f"{PREFIX}/?notice=route_{move}d", 303)

@@ -62,11 +62,18 @@ def safe_next(target: str | None) -> str:
     return PREFIX + "/"
 
 
-async def overview_page(request: Request) -> Response:
-    who = await visitor(request)
+async def overview_context(request: Request, who: Visitor) -> dict[str, Any]:
     doc = await actions.overview(gateway_of(request))
     context = base(who, "overview") | {"store": doc["store"], "routes": doc["routes"]}
     context["open_states"] = DEFAULT_STATES
+    context["can_act"] = who.operator.role is Role.OPERATOR
+    return context
+
+
+async def overview_page(request: Request) -> Response:
+    who = await visitor(request)
+    context = await overview_context(request, who)
+    context["notice"] = notice_for(request.query_params.get("notice", ""))
     return page(request, "overview.html", context)
 
 

@@ -104,6 +104,7 @@ def create_console(gateway: Gateway) -> Starlette:
             Route("/resolve", forms.resolve, methods=["POST"]),
             Route("/bulk", pages.bulk_page),
             Route("/bulk", forms.bulk, methods=["POST"]),
+            Route("/route-pause", forms.pause_route, methods=["POST"]),
             Mount("/static", StaticFiles(packages=[("gateway.console", "static")])),
         ],
         exception_handlers={

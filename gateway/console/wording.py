@@ -45,6 +45,8 @@ _NOTICES = {
     "resolved_done": "Resolved done: repeats get the replay.",
     "resolved_retry": "Resolved retry: the next request runs it (a delivery is queued again).",
     "signed_out": "You are signed out.",
+    "route_paused": "Route paused: nothing is delivered, and no probe goes out, until a resume.",
+    "route_resumed": "Route resumed: its deliveries go out again.",
 }
 
 

@@ -30,13 +30,24 @@ class Delivery:
     """What one `attempt` did: `result` "completed", "retry_scheduled",
     "unknown_outcome", "exhausted", or "" when nothing was picked (`why` says why);
     `next` and, for "not_due" and "unconfirmed", `due_ms` (store clock, said at
-    `now_ms`) are hints."""
+    `now_ms`) are hints. `upstream` is what the attempt says of the upstream, for the
+    route's pause (store/route_pauses.py): "refused" (never sent, a 5xx or a 429, with
+    `error`), "answered" (any other status), or "" (an unknown outcome, or nothing
+    sent: no pick, an unreadable request)."""
 
     result: str
     why: str = ""
     next: Due | None = None
     due_ms: int = 0
     now_ms: int = 0
+    upstream: str = ""
+    error: str = ""
+
+
+def refused(response: UpstreamResponse | None) -> bool:
+    """Whether an attempt that is repeated was refused: never sent (no response), or
+    answered 5xx or 429; any other status is an answer."""
+    return response is None or response.status >= 500 or response.status == 429
 
 
 class DeliverySettlement:
@@ -44,7 +55,17 @@ class DeliverySettlement:
     the route's retry (Retry-After wins, up to max_backoff), parked when no attempt is
     left, or left open when its outcome is unknown. `result` says which."""
 
-    __slots__ = ("attempts", "engine", "ref", "replica", "result", "route", "run_id")
+    __slots__ = (
+        "attempts",
+        "engine",
+        "error",
+        "ref",
+        "replica",
+        "result",
+        "route",
+        "run_id",
+        "upstream",
+    )
 
     def __init__(
         self, engine: Engine, route: Route, ref: KeyRef, run_id: str, attempts: int, replica: str
@@ -52,6 +73,7 @@ class DeliverySettlement:
         self.engine, self.route, self.ref, self.run_id = engine, route, ref, run_id
         self.attempts, self.replica = attempts, replica
         self.result = ""
+        self.upstream = self.error = ""
 
     async def complete(self, stored: StoredResponse, response: UpstreamResponse) -> None:
         attempt = {"result": "completed", "status": response.status}
@@ -60,6 +82,7 @@ class DeliverySettlement:
         )
         await settle_change(change, self.ref, "complete")
         self.result = "completed"
+        self.upstream = "answered"
 
     async def retry(self, reason: str, response: UpstreamResponse | None = None) -> None:
         retry_after = None
@@ -88,10 +111,13 @@ class DeliverySettlement:
             f"again in {delay:.3g}s" if delay is not None else "parked, no attempt left",
         )
         self.result = str(attempt["result"])
+        self.upstream = "refused" if refused(response) else "answered"
+        self.error = reason
 
     async def lost(self, reason: str) -> None:
         await self.engine.unknown(self.route, self.ref, self.run_id, reason)
         self.result = "unknown_outcome"
+        self.upstream = ""  # sent, maybe taken: no word on whether it refuses
 
     async def unreadable(self, error: str) -> None:
         """The stored request cannot be opened: it is never sent; a person decides."""
@@ -132,9 +158,9 @@ async def attempt(
     except Exception as exc:  # a fault of the gateway's own, before anything was sent
         log.exception("delivery %s key %r: the request could not be built", route.name, ref.key)
         await guarded(settle.retry(f"not sent: {FAULT}: {type(exc).__name__}"), settle)
-        return Delivery(settle.result, "", picked.next, 0, picked.now_ms)
+        return Delivery(settle.result, "", picked.next, 0, picked.now_ms, settle.upstream)
     await engine.forward_unattended(route, ref, out, settle)
-    return Delivery(settle.result, "", picked.next, 0, picked.now_ms)
+    return Delivery(settle.result, "", picked.next, 0, picked.now_ms, settle.upstream, settle.error)
 
 
 def delivery_outbound(route: Route, request: StoredRequest, key: str) -> Outbound:

@@ -8,12 +8,11 @@ delivery the upstream says did not run by the same schedule.
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 from gateway.config import RetryConfig, Route
 from gateway.digits import capped_number
+from gateway.headers import http_date
 
 
 def next_delay(
@@ -35,21 +34,6 @@ def next_delay(
 #: route's max_backoff caps it anyway.
 RETRY_AFTER_CAP = 2**31
 
-_DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
-_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
-_MONTH = "(?P<month>" + "|".join(_MONTHS) + ")"
-_TIME = r"(?P<hour>[0-9]{2}):(?P<minute>[0-9]{2}):(?P<second>[0-9]{2})"
-#: RFC 9110 5.6.7's three formats, exactly: IMF-fixdate, rfc850-date, asctime-date.
-#: Case-sensitive, ASCII digits only, GMT.
-_HTTP_DATES = (
-    re.compile(rf"{_DAY}, (?P<day>[0-9]{{2}}) {_MONTH} (?P<year>[0-9]{{4}}) {_TIME} GMT"),
-    re.compile(
-        r"(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), "
-        rf"(?P<day>[0-9]{{2}})-{_MONTH}-(?P<yy>[0-9]{{2}}) {_TIME} GMT"
-    ),
-    re.compile(rf"{_DAY} {_MONTH} (?P<day>[0-9]{{2}}| [0-9]) {_TIME} (?P<year>[0-9]{{4}})"),
-)
-
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
     """Retry-After (RFC 9110 10.2.3) as seconds from `now`, 0 to RETRY_AFTER_CAP:
@@ -64,39 +48,6 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
         return float(seconds)
     when = http_date(value, now)
     return None if when is None else min(max(0.0, when - now), float(RETRY_AFTER_CAP))
-
-
-def http_date(text: str, now: float) -> float | None:
-    """An HTTP-date (RFC 9110 5.6.7) as a POSIX time, or None. `now` places an
-    rfc850-date's two-digit year: one more than 50 years ahead is in the past."""
-    for pattern in _HTTP_DATES:
-        found = pattern.fullmatch(text)
-        if found is not None:
-            break
-    else:
-        return None
-    parts = found.groupdict()
-    if parts.get("yy") is not None:
-        this_year = datetime.fromtimestamp(now, UTC).year
-        year = this_year - this_year % 100 + int(parts["yy"])
-        if year > this_year + 50:
-            year -= 100
-    else:
-        year = int(parts["year"])
-    second = min(int(parts["second"]), 59)  # 60: a leap second
-    try:
-        when = datetime(
-            year,
-            _MONTHS.index(parts["month"]) + 1,
-            int(parts["day"]),
-            int(parts["hour"]),
-            int(parts["minute"]),
-            second,
-            tzinfo=UTC,
-        )
-    except ValueError:  # 31 Feb, hour 24, year 0
-        return None
-    return when.timestamp()
 
 
 def plan(route: Route, attempts: int, retry_after: float | None) -> float | None:

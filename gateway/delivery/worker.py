@@ -14,6 +14,11 @@ classifier forwards and settles); this is mechanics.
   `HANDOFF` first, and drop the hint when told it was taken.
 - `stop_picking()` (SIGTERM): no new picks; attempts under way are the engine's tasks,
   which `Engine.drain` gives the grace and then marks unresolved.
+- A paused route (store/route_pauses.py) is not attempted: before each attempt its
+  lane reads the route's row; while it is paused the lane holds every hint until the
+  next probe is due (an operator's pause: `MANUAL_RECHECK`), and one process of all
+  takes each probe. After an attempt, a refusal is counted (it may pause the route),
+  and an answer resets the count and ends an automatic pause.
 - `delivery.max_queued` is not decided here: `Store.accept` decides it against the
   store's own count, in the same step as the queueing. The queue watch reads
   `queue_stats` (to find work a route that is no longer async still has), and every
@@ -35,9 +40,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gateway.config import Config, Route
-from gateway.delivery.attempt import attempt
+from gateway.delivery.attempt import Delivery, attempt
 from gateway.errors import StoreError
+from gateway.store.base import duration_ms
 from gateway.store.notices import Due
+from gateway.store.route_pauses import AUTO, PauseMove, PauseState, Verdict
 from gateway.tasks import stop_if_cancelled
 
 if TYPE_CHECKING:
@@ -51,6 +58,7 @@ QUEUE_WATCH = 1.0  # s: how soon a route made sync has its leftover work found
 BACKSTOP = 20.0  # s: the rescan when no notice was lost, in case one was anyway
 REPAIR = 60.0  # s: between repairs of the store's counts (and a Cluster's admission marks)
 STORE_BACKOFF = (0.1, 2.0)  # s: after a StoreError, doubling
+MANUAL_RECHECK = 1.0  # s: how soon a lane sees an operator's resume
 
 
 def _free(*slots: asyncio.Semaphore | asyncio.Task[None]) -> None:
@@ -69,6 +77,8 @@ class Lane:
         self.wake = asyncio.Event()
         self.slots = asyncio.Semaphore(route.delivery.concurrency)
         self.task: asyncio.Task[None] | None = None
+        #: loop time before which no hint is ready: the route is paused
+        self.held_until = 0.0
 
     def push(self, ready_at: float, seq: int, due: Due) -> None:
         heapq.heappush(self.heap, (ready_at, seq, due))
@@ -236,16 +246,81 @@ class DeliveryWorker:
             lane.wake.clear()
             head = lane.head()
             now = loop.time()
-            if head is not None and head[0] <= now:
+            ready_at = max(head[0], lane.held_until) if head is not None else None
+            if ready_at is not None and ready_at <= now:
                 return lane.pop()
-            timeout = head[0] - now if head is not None else None
+            timeout = ready_at - now if ready_at is not None else None
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await lane.wake.wait()
         return None
 
+    async def _gate(self, lane: Lane) -> tuple[Verdict, PauseState | None]:
+        """Whether the route may be attempted now: "open", "probe" (this process took
+        the probe) or "closed" (paused: the lane is held until the next look). A store
+        that does not answer opens it: the pick that follows meets the same store."""
+        route = lane.route
+        try:
+            state = await self.store.route_pause(route.name)
+            verdict = state.verdict
+            if verdict == "probe":
+                every = duration_ms(route.delivery.probe_every)
+                state, verdict = await self.store.change_pause(
+                    route.name, PauseMove("probe", probe_every_ms=every)
+                )
+        except StoreError as exc:
+            log.debug("pause of %s not read: %s", route.name, exc)
+            return "open", None
+        if verdict == "closed":
+            wait = MANUAL_RECHECK
+            if state.by == AUTO:
+                wait = min(route.delivery.probe_every, max(0, state.probe_ms - state.now_ms) / 1000)
+            loop = asyncio.get_running_loop()
+            lane.held_until = max(lane.held_until, loop.time() + max(wait, 0.01))
+        return verdict, state
+
+    async def _count(self, lane: Lane, result: Delivery, before: PauseState | None) -> None:
+        """What the attempt says of the upstream, into the route's row: a refusal
+        counted (when `pause_after` is set), an answer resetting a count or ending an
+        automatic pause (written only when there is one to reset or end)."""
+        route = lane.route
+        move = None
+        if result.upstream == "refused" and route.delivery.pause_after:
+            move = PauseMove(
+                "refused",
+                why=result.error[:200],
+                pause_after=route.delivery.pause_after,
+                probe_every_ms=duration_ms(route.delivery.probe_every),
+            )
+        elif result.upstream == "answered" and (
+            before is None or before.failures or (before.paused and before.by == AUTO)
+        ):
+            move = PauseMove("answered")
+        if move is None:
+            return
+        try:
+            state, _ = await self.store.change_pause(route.name, move)
+        except StoreError as exc:
+            log.warning("pause count of %s not written: %s", route.name, exc)
+            return
+        if move.move == "refused" and state.paused and state.since_ms == state.now_ms:
+            log.warning(
+                "route %s paused after %d attempts in a row refused (last: %s); "
+                "one probe every %gs",
+                route.name,
+                state.failures,
+                result.error,
+                route.delivery.probe_every,
+            )
+        elif move.move == "answered" and before is not None and before.paused and not state.paused:
+            log.warning("route %s resumed: a probe was answered", route.name)
+
     async def _attempt(self, lane: Lane, due: Due) -> None:
         route = lane.route
+        verdict, before = await self._gate(lane)
+        if verdict == "closed":  # never sent: it counts as no attempt
+            lane.push(asyncio.get_running_loop().time(), next(self._seq), due)
+            return
         failures = 0
         # One run id for the attempt, kept when its pick is tried again after a store
         # error: a first try that took the delivery (its answer lost) is then found as
@@ -266,6 +341,7 @@ class DeliveryWorker:
             except Exception:
                 log.exception("delivery on route %s failed", route.name)
                 return
+        await self._count(lane, result, before)
         if result.next is not None:
             self._hint(lane, result.next)
         if result.why in ("not_due", "unconfirmed"):  # due later: try it then

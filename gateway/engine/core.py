@@ -33,12 +33,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from gateway.config import Config, Route
-from gateway.engine.accept import accepted_reply, delivery_ids, stored_request
+from gateway.engine.accept import (
+    accepted_reply,
+    delivery_ids,
+    first_delay_ms,
+    rfc3339,
+    stored_request,
+)
 from gateway.engine.outbound import Origin, Outbound, outbound, send
 from gateway.engine.refusals import (
     fingerprint_mismatch,
@@ -243,7 +250,9 @@ class Engine:
         self, route: Route, ref: KeyRef, fp: str, parts: RequestParts, origin: Origin
     ) -> Reply:
         """An async route: queue the request (one store round trip) and answer 202 with
-        its status URL; a repeat gets the same 202 with the current state."""
+        its status URL, and its due time when it waits for one; a repeat gets the same
+        202 with the current state (and the due time its first request was given)."""
+        delay_ms = first_delay_ms(route, parts.headers, time.time())
         run_id, token = delivery_ids()
         accepted = await self.store.accept(
             NewDelivery(  # limit, origin, expired: positional, as a keyword call costs more
@@ -255,13 +264,17 @@ class Engine:
                 route.delivery.max_queued,
                 self.replica,
                 EXPIRED_POLICY[route.on_unknown_outcome],
+                delay_ms,
             )
         )
         record, outcome = accepted.record, "replayed"
         if accepted.outcome == "full":
             self.count(route, "queue_full")
             raise queue_full(route, ref)
+        due_ms = accepted.now_ms + delay_ms if delay_ms else 0
         if record is None or (record.run_id == run_id and record.state is State.QUEUED):  # ours
+            if record is not None:  # its retried command: the due time it was given
+                due_ms = record.due_ms if record.due_ms > record.now_ms else 0
             record, outcome = None, "accepted" if accepted.confirmed else "accepted_unconfirmed"
         elif not record.delivery:  # a reload made its route async: answer as sync would
             return await self._keyed(route, ref, fp, parts, origin)
@@ -271,10 +284,14 @@ class Engine:
                 self.count(route, "unreadable")
                 raise token_unreadable(route, ref, record)
             token = record.token
+            # The first request's due time, never this one's: a repeat asks for nothing.
+            waiting = record.state in QUEUE_STATES and record.due_ms > record.now_ms
+            due_ms = record.due_ms if waiting else 0
         self.count(route, outcome)
         state = str(record.state) if record is not None else "queued"
         prefix = self.config.server.status_prefix
-        return accepted_reply(prefix, route, ref, state, token, outcome)
+        due = rfc3339(due_ms) if due_ms else ""
+        return accepted_reply(prefix, route, ref, state, token, outcome, due)
 
     def _wait_budget(self, route: Route, ref: KeyRef, give_up: float) -> float:
         """Seconds a duplicate may still wait for the first request, or the 409 it

@@ -156,9 +156,10 @@ def store_unavailable(route: Route, key: str) -> ProblemError:
     return StoreUnavailable(detail, route=route.name, key=key, headers={"Retry-After": "1"})
 
 
-def accepted_unconfirmed(route: Route, ref: KeyRef, url: str) -> ProblemError:
+def accepted_unconfirmed(route: Route, ref: KeyRef, url: str, due: str = "") -> ProblemError:
     """An accept the store's replicas did not confirm in time: it is queued and will
-    be delivered, unless the store fails over before a replica holds it."""
+    be delivered (from `due`, if given), unless the store fails over before a replica
+    holds it."""
     log.warning(
         "route %s record %s: delivery accepted and queued, but the store's replicas did "
         "not confirm it in time (store.wait_for_replicas); answered accepted-unconfirmed",
@@ -176,4 +177,5 @@ def accepted_unconfirmed(route: Route, ref: KeyRef, url: str) -> ProblemError:
         state="queued",
         status_url=url,
         headers={"Location": url, "Cache-Control": "no-store"},
+        **({"due": due} if due else {}),
     )

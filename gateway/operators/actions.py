@@ -3,11 +3,12 @@ the `keys` CLI (through the API) all come here.
 
 Reads: `list_keys` (one page, from a cursor), `totals`, `overview`, `show`: each
 reads a page or the counts the store keeps, never every waiting record. Changes:
-`claim` and `resolve`, for an authenticated `Operator` (gateway/operators/identity.py) and the
-client it came from ("console", "cli" or "api"). A change is allowed to the operator
-role alone (`permit`), recorded under the authenticated name (`Operator.recorded`),
-counted in `idempotency_gateway_operator_actions_total{action, role}` and written as
-one JSON log line: who, role, what, route, key, client. Every refusal is an `OperatorRefusal`
+`claim`, `resolve` and `pause_route` (pause or resume an async route), for an
+authenticated `Operator` (gateway/operators/identity.py) and the client it came from
+("console", "cli" or "api"). A change is allowed to the operator role alone
+(`permit`), recorded under the authenticated name (`Operator.recorded`), counted in
+`idempotency_gateway_operator_actions_total{action, role}` and written as one JSON log
+line: who, role, what, route, key, client. Every refusal is an `OperatorRefusal`
 (gateway.errors), raised before anything changes.
 """
 
@@ -36,6 +37,7 @@ from gateway.errors import (
     OperatorRefusal,
     StoreError,
     UnknownKey,
+    UnknownRoute,
     ViewerCannotAct,
 )
 from gateway.keying import record_digest
@@ -57,6 +59,7 @@ from gateway.records import DIGEST, OPEN_STATES, QUEUE_STATES, KeyRef, Record, S
 from gateway.shared_read import SharedRead
 from gateway.store.base import Counts, OperatorResult, Store
 from gateway.store.pages import ANY, MAX_PAGE_SIZE, PAGE_SIZE, InvalidCursor, Match, Page
+from gateway.store.route_pauses import PauseMove, PauseState
 
 log = logging.getLogger("gateway.operator")
 
@@ -327,9 +330,11 @@ async def overview(gateway: Parts) -> dict[str, Any]:
     while the store does not answer."""
     store: dict[str, Any] = {"reachable": True, "error": None}
     stats, queues, successes = [], [], {}
+    pauses: dict[str, PauseState] = {}
     try:
         counts = await gateway.counts.get()  # shared with scrapes, at most 1 s old
         stats, queues, successes = counts.stats, counts.queues, counts.successes
+        pauses = counts.pauses
     except StoreError as exc:
         log.warning("overview: the store did not answer: %s", exc)
         store = {
@@ -359,6 +364,7 @@ async def overview(gateway: Parts) -> dict[str, Any]:
             "last_success_age_seconds": _latest(
                 successes.get(name), gateway.metrics.last_success_age(name)
             ),
+            "paused": pause_json(pauses[name]) if name in pauses else None,
         }
     for stat in stats:
         keys = rows[stat.route]["keys"]
@@ -373,6 +379,60 @@ async def overview(gateway: Parts) -> dict[str, Any]:
             "oldest_wait_seconds": round(queue.oldest_wait_seconds, 3),
         }
     return {"store": store, "routes": list(rows.values())}
+
+
+def pause_json(state: PauseState) -> dict[str, Any] | None:
+    """A route's pause as operators read it: None when it is not paused."""
+    if not state.paused:
+        return None
+    return {
+        "since_ms": state.since_ms,
+        "by": state.by,
+        "why": state.why,
+        "next_probe_ms": state.probe_ms or None,
+        "failures": state.failures,
+    }
+
+
+async def pause_route(
+    gateway: Parts,
+    operator: Operator,
+    route: str,
+    move: Literal["pause", "resume"],
+    why: object,
+    client: Client,
+    *,
+    given: object = None,
+) -> dict[str, Any]:
+    """Pause an async route by hand (nothing is delivered, no probe goes out, until a
+    resume), or resume one however it was paused; who and `why` are recorded on the
+    route's row and in the audit line. `given` as for `claim`."""
+    with _audited(gateway, operator, f"{move}_route", KeyRef("", route, ""), client) as line:
+        permit(operator)
+        operator = operator.acting(given)
+        line["operator"] = operator.recorded
+        config = gateway.config.route(route)
+        if config is None or config.delivery.mode != "async":
+            raise UnknownRoute(
+                f"{route!r} is not a configured delivery: async route: only those deliver, "
+                "so only those pause.",
+                route=route,
+            )
+        if not isinstance(why, str) or not why.strip():
+            raise BadOperatorRequest(f"Say why the route is to {move}.", field="why")
+        check_note(why, "why")
+        line["why"] = why
+        state, _ = await gateway.store.change_pause(
+            route, PauseMove(move, by=operator.recorded, why=why)
+        )
+        gateway.metrics.operator_action(f"{move}_route", operator.role)
+        return {
+            "route": route,
+            "paused": pause_json(state),
+            "by": state.by,
+            "why": state.why,
+            "changed_ms": state.changed_ms,
+        }
 
 
 def _latest(*ages: float | None) -> float | None:

@@ -15,8 +15,9 @@ scopes (method, path, query, body) cannot be recomputed from a GET: the token de
 The body says what a caller may know: the record's own state names, attempts, when the
 last one ended and how (its result class and status, never the gateway's error texts,
 which name upstream addresses), when the next is due, and once completed the stored
-response with the headers a replay would send. Never the history or operators' notes:
-the operator API has those.
+response with the headers a replay would send; while it waits on a paused route
+(store/route_pauses.py), since when and when the next probe goes out. Never the
+history, operators' notes, or who paused the route and why: the operator API has those.
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ import hmac
 import json
 import logging
 import re
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from gateway.config import Route
-from gateway.engine.accept import status_url
+from gateway.engine.accept import rfc3339, status_url
 from gateway.engine.replay import REPLAY_HEADERS, replay_headers
 from gateway.errors import (
     MethodNotAllowed,
@@ -44,6 +44,7 @@ from gateway.http.request import read_headers
 from gateway.keying import RequestParts, record_digest, scope_value
 from gateway.logs import Trace
 from gateway.records import DIGEST, QUEUE_STATES, KeyRef, Record, State, StoredResponse
+from gateway.store.route_pauses import PauseState
 
 if TYPE_CHECKING:
     from starlette.types import Scope
@@ -93,7 +94,13 @@ async def status_reply(gateway: Gateway, scope: Scope, raw_path: str, trace: Tra
     trace.outcome = "status"
     gateway.metrics.count(record.route, "status")
     url = status_url(prefix, record.route, record.digest, record.token)
-    body = json.dumps(status_body(record, url), ensure_ascii=False).encode()
+    pause = None
+    if record.state in QUEUE_STATES:
+        try:
+            pause = await gateway.store.route_pause(record.route)
+        except StoreError as exc:  # the record is read: its state is worth the answer
+            log.warning("store failed reading the pause of %s: %s", record.route, exc)
+    body = json.dumps(status_body(record, url, pause), ensure_ascii=False).encode()
     length = (b"content-length", b"%d" % len(body))
     return 200, [(b"content-type", b"application/json"), length, _NO_STORE], body
 
@@ -140,8 +147,9 @@ def _scope_matches(route: Route, record: Record, headers: list[tuple[str, str]])
     return hmac.compare_digest(digest.encode(), record.digest.encode())
 
 
-def status_body(record: Record, url: str) -> dict[str, Any]:
-    """What the holder of a delivery's status URL is told about it."""
+def status_body(record: Record, url: str, pause: PauseState | None = None) -> dict[str, Any]:
+    """What the holder of a delivery's status URL is told about it; `pause` is its
+    route's while it is queued or retrying."""
     doc: dict[str, Any] = {
         "route": record.route,
         "key": record.key,
@@ -151,7 +159,13 @@ def status_body(record: Record, url: str) -> dict[str, Any]:
         "attempts": record.attempts,
         "last_attempt": _last_attempt(record),
         "next_attempt_at": _time(record.due_ms) if record.state in QUEUE_STATES else None,
+        "paused": None,
     }
+    if pause is not None and pause.paused and record.state in QUEUE_STATES:
+        doc["paused"] = {
+            "since": _time(pause.since_ms),
+            "next_probe_at": _time(pause.probe_ms) if pause.probe_ms else None,
+        }
     if record.state is State.COMPLETED:
         if record.response is not None:
             doc["response"] = _response(record.response)
@@ -203,10 +217,7 @@ def _response(stored: StoredResponse) -> dict[str, Any]:
 
 def _time(ms: int) -> str | None:
     """RFC 3339, UTC, to the millisecond; None for a time the store never set."""
-    if ms <= 0:
-        return None
-    moment = datetime.fromtimestamp(ms / 1000, UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return rfc3339(ms) if ms > 0 else None
 
 
 def _problem(problem: ProblemError) -> Answer:

@@ -21,8 +21,8 @@ keeps as records change (`stats`, `queue_stats`): neither grows with the records
 A copy to another store (store/copy.py, with the gateway stopped) reads every record
 with `export_records` and writes it with `import_records`, as it is: no move is made.
 
-The store also keeps the operator roster: store/operator_roster.py, whose contract Store
-takes on.
+The store also keeps the operator roster (store/operator_roster.py) and the async
+routes' pauses (store/route_pauses.py), whose contracts Store takes on.
 
 Every implementation passes the contract suite in tests/test_store_contract.py.
 """
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import random
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from gateway.records import (
 from gateway.store.notices import Due, DueFeed, Notifier, Watch
 from gateway.store.operator_roster import OperatorRoster, RosterEntry
 from gateway.store.pages import ANY, MAX_PAGE_SIZE, PAGE_SIZE, Match, Page
+from gateway.store.route_pauses import PauseMove, PauseState, RoutePauses, Verdict
 from gateway.store.transfer import EXPORT_PAGE, ExportedRecord, ExportPage
 
 if TYPE_CHECKING:
@@ -100,7 +102,8 @@ class OperatorResult:
 class NewDelivery(NamedTuple):
     """What `accept` queues: `request` under `ref` for `run_id`, with its status `token`.
     `limit` bounds the route's queued and retrying deliveries (None: no bound), `origin`
-    names the announcing process, `expired` is what an expired lease found there becomes."""
+    names the announcing process, `expired` is what an expired lease found there becomes,
+    `delay_ms` how long after the store's now the first attempt is due (0: at once)."""
 
     ref: KeyRef
     run_id: str
@@ -110,6 +113,7 @@ class NewDelivery(NamedTuple):
     limit: int | None = None
     origin: str = ""
     expired: ExpiredPolicy = "unresolved"
+    delay_ms: int = 0
 
 
 class CheckResult(NamedTuple):
@@ -166,6 +170,8 @@ class Counts:
     queues: list[QueueStat]
     #: route -> seconds since its last success, by the store
     successes: dict[str, float]
+    #: route -> its pause row (store/route_pauses.py), for routes any move wrote
+    pauses: dict[str, PauseState] = dataclasses.field(default_factory=dict)
 
 
 #: The dummy token `Opener.no_token` opens: no record's (a digest is 32 hex digits).
@@ -208,7 +214,7 @@ class Opener:
         return ""
 
 
-class Store(OperatorRoster):
+class Store(OperatorRoster, RoutePauses):
     """Records of idempotency keys. See the module docstring for the guarantees.
 
     Stored responses go through `codec` (plain, or sealed with the configured
@@ -357,7 +363,9 @@ class Store(OperatorRoster):
         names below are `delivery`'s fields.
 
         "queued": the key was free (or `released`): it is now `queued` for `run_id`,
-        a delivery record with no attempt yet, due at the store's now, its request
+        a delivery record with no attempt yet, due `delay_ms` after the store's now
+        (`Accepted.now_ms`; no pick takes it before, in any process or after a
+        restart: the due time is the record's own, in the due index), its request
         and `token` stored sealed with `codec` (a released record's history carried
         on), and `due.announce`d to every process with `origin`. Accepted again by
         the same run id (a retried command), it returns "exists" with the record it
@@ -366,7 +374,8 @@ class Store(OperatorRoster):
         are queued or retrying, counted by the store in the same step for every
         replica at once (a Cluster: redis/admission.py): nothing is stored. A repeat
         of a queued key is "exists" whatever the count.
-        "exists": anything else, with the record (never its request). An expired
+        "exists": anything else, with the record (never its request): a queued
+        record keeps the due time its first accept gave it. An expired
         in_flight lease first becomes what `expired` says, as in `claim`. Queued
         records never expire. With wait_for_replicas, the caller's queued record
         (queued now, or found queued by its retried command) that the replicas did
@@ -663,6 +672,7 @@ class PartsStore(Store):
     deliveries: DeliveryPart
     listing: ListingPart
     operators: OperatorRoster
+    pauses: RoutePauses
 
     def accept(self, delivery: NewDelivery) -> Coroutine[Any, Any, Accepted]:
         # The part's own coroutine, not one more awaiting it: every 202's path.
@@ -720,3 +730,12 @@ class PartsStore(Store):
 
     async def roster(self) -> dict[str, RosterEntry]:
         return await self.operators.roster()
+
+    async def route_pause(self, route: str) -> PauseState:
+        return await self.pauses.route_pause(route)
+
+    async def route_pauses(self) -> dict[str, PauseState]:
+        return await self.pauses.route_pauses()
+
+    async def change_pause(self, route: str, move: PauseMove) -> tuple[PauseState, Verdict]:
+        return await self.pauses.change_pause(route, move)

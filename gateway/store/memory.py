@@ -65,6 +65,7 @@ from gateway.store.pages import (
     page_of,
     place_of,
 )
+from gateway.store.route_pauses import PauseMove, PauseState, Verdict, apply_move
 from gateway.store.transfer import EXPORT_PAGE, ExportedRecord, ExportPage
 
 QUEUE_STATES_ORDER = (State.QUEUED, State.RETRYING)
@@ -83,6 +84,7 @@ class MemoryStore(Store):
     def __init__(self, codec: ResponseCodec = PLAIN) -> None:
         super().__init__(codec)
         self._roster = MemoryRoster()
+        self._pauses: dict[str, PauseState] = {}
         self._records: dict[str, Record] = {}
         self._requests: dict[str, bytes] = {}
         self._tokens: dict[str, bytes] = {}
@@ -565,6 +567,7 @@ class MemoryStore(Store):
             return Accepted("exists", now, self._out(record, now))
         if limit is not None and len(self._queued.get(ref.route, {})) >= limit:
             return Accepted("full", now)  # queued + retrying, kept as records move
+        due = now + delivery.delay_ms
         queued = Record(
             digest=ref.digest,
             route=ref.route,
@@ -577,12 +580,12 @@ class MemoryStore(Store):
             since_ms=now,
             history=record.history if record is not None else (),
             delivery=True,
-            due_ms=now,
+            due_ms=due,
         )
         self._put(queued, notify=False)
         self._requests[ref.digest] = self.codec.encode_request(ref.digest, request)
         self._tokens[ref.digest] = self.codec.encode_token(ref.digest, token)
-        self.due.announce(Due(ref, now, now, origin))
+        self.due.announce(Due(ref, due, now, origin))
         return Accepted("queued", now)
 
     async def pick(
@@ -793,6 +796,21 @@ class MemoryStore(Store):
             for (state, route), order in sorted(self._order.items())
             if state in OPEN_STATES
         ]
+
+    # -- the routes' pauses ------------------------------------------------------------
+
+    async def route_pause(self, route: str) -> PauseState:
+        now = now_ms()
+        return replace(self._pauses.get(route, PauseState(route)), now_ms=now)
+
+    async def route_pauses(self) -> dict[str, PauseState]:
+        now = now_ms()
+        return {name: replace(s, now_ms=now) for name, s in self._pauses.items()}
+
+    async def change_pause(self, route: str, move: PauseMove) -> tuple[PauseState, Verdict]:
+        state, verdict = apply_move(self._pauses.get(route, PauseState(route)), move, now_ms())
+        self._pauses[route] = state
+        return state, verdict
 
     # -- the operator roster: its own part ------------------------------------------
 

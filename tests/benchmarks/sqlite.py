@@ -17,8 +17,9 @@ SQLite's is the gateway's own (the store is in its processes), so compare the ga
 CPU + store CPU sums. SQLite's fsyncs per request are the gateway processes' fsync and
 fdatasync calls while wrk runs (every thread's, counted by `perf stat` on the syscall
 tracepoints: SQLite's commits and its checkpoints), or nothing where perf cannot count
-them. The targets with synchronous=FULL: first requests >= 0.8x Redis's, replays >=
-1.0x, accepts >= 0.8x. Nothing here fails on a figure.
+them. `--redis-appendfsync always` gives Redis SQLite's promise (every write on disk
+before it is answered). The targets with synchronous=FULL: first requests >= 0.8x
+Redis's, replays >= 1.0x, accepts >= 0.8x. Nothing here fails on a figure.
 """
 
 from __future__ import annotations
@@ -160,6 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connections", type=int, default=32)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--synchronous", choices=("full", "normal"), default="full")
+    p.add_argument(
+        "--redis-appendfsync",
+        choices=("off", "everysec", "always"),
+        default="off",
+        help="Redis's append-only file (off: none, as gateway.py runs Redis; always: "
+        "SQLite's promise, a write on disk before its answer)",
+    )
     p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     p.add_argument("--quick", action="store_true", help="1 run x 3 s")
     args = p.parse_args(argv)
@@ -178,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     with h.exit_on_signals():
         try:
             redis = pgb.bg.RedisServer(procs, None, work_dir)
+            if args.redis_appendfsync != "off":
+                redis.clients[0].config_set("appendfsync", args.redis_appendfsync)
+                redis.clients[0].config_set("appendonly", "yes")
             site = Site(args, procs, redis, None, work_dir, wrk)  # type: ignore[arg-type]
             site.upstream_port = h.free_port()
             h.start_upstream(procs, site.upstream_port, None, pgb.PATH, DEFAULT_BODY)
@@ -188,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             procs.stop_all()
             shutil.rmtree(work_dir, ignore_errors=True)
     print(
-        f"redis-server {site.redis.version}; SQLite synchronous={args.synchronous}; "
+        f"redis-server {site.redis.version} (appendfsync {args.redis_appendfsync}); "
+        f"SQLite synchronous={args.synchronous}; "
         f"{os.cpu_count()} CPUs, nothing pinned; wrk -t1 -c{args.connections}; "
         f"--workers {args.workers}; {len(runs)} runs x {args.duration:g} s, alternating"
     )

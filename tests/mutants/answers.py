@@ -92,7 +92,7 @@ MUTANTS = [
     ),
     Mutant(
         name="http-date-any-script",
-        path="gateway/delivery/retry.py",
+        path="gateway/headers.py",
         old='rf"{_DAY}, (?P<day>[0-9]{{2}}) {_MONTH} (?P<year>',
         new='rf"{_DAY}, (?P<day>\\d{{2}}) {_MONTH} (?P<year>',
         tests=(RFC_9110,),

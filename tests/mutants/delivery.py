@@ -68,7 +68,7 @@ MUTANTS += [
     Mutant(
         name="redis-accept-not-queued",
         path="gateway/store/redis/lua/accept.lua",
-        old="  redis.call('ZADD', INDEX.queued, at, MEMBER)\n",
+        old="  redis.call('ZADD', INDEX.queued, due, MEMBER)\n",
         new="",
         tests=(C + "test_accepted_delivery_is_listed_counted_and_announced" + R,),
         breaks="an accepted delivery is in no queue index: only a full rescan could find it",
@@ -181,8 +181,8 @@ MUTANTS += [
     Mutant(
         name="stored-key-header-case",
         path="gateway/engine/accept.py",
-        old="(drop_headers | {key_header.lower()})",
-        new="(drop_headers | {key_header})",
+        old="drop_headers | {name.lower() for name in named if name}",
+        new="drop_headers | {name for name in named if name}",
         tests=(D + "test_stored_request_keeps_what_the_set_filter_kept",),
         breaks="the key header (Idempotency-Key as configured) is stored with the job",
     ),

@@ -10,7 +10,7 @@ MUTANTS = [
     Mutant(
         name="accept-enqueue-dropped",
         path="gateway/store/redis/lua/accept.lua",
-        old="  redis.call('ZADD', INDEX.queued, at, MEMBER)\n",
+        old="  redis.call('ZADD', INDEX.queued, due, MEMBER)\n",
         new="",
         tests=(
             P + "test_redis_aof_restart_between_accept_and_delivery",

@@ -17,6 +17,27 @@ NOTICES = "gateway/store/sqlite/notices.py"
 
 MUTANTS = [
     Mutant(
+        name="sqlite-new-worker-unheard",
+        path=NOTICES,
+        old="            if data == HELLO:\n                self._peers_at = -PEERS_TTL\n",
+        new="            if data == HELLO:\n",
+        tests=(f"{SQLITE}::test_a_waiter_in_another_store_is_woken_by_the_notice",),
+        breaks="a worker that started after another listed the folder gets none of its "
+        "notices for a second: its waiters wait for the fallback re-read",
+    ),
+    Mutant(
+        name="sqlite-turns-not-taken",
+        path=DATABASE,
+        old="        if self._fd is None or not self.shared:\n            return True",
+        new="        if True:\n            return True",
+        tests=(
+            f"{SQLITE}::test_a_worker_waits_its_turn_at_the_write_lock_in_the_kernels_queue",
+            f"{SQLITE}::test_a_worker_holding_the_write_lock_too_long_gets_a_store_error_answered",
+        ),
+        breaks="workers sharing the file wait for its lock by SQLite's growing sleeps: one "
+        "starves for seconds while the other commits back to back",
+    ),
+    Mutant(
         name="sqlite-claim-takes-any-key",
         path=STORE,
         old="            if found is not None:\n                return found\n            fresh",

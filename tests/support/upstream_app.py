@@ -31,6 +31,7 @@ import gzip
 import json
 import os
 import sys
+import time
 from collections import Counter
 
 from starlette.applications import Starlette
@@ -62,6 +63,7 @@ def _key(request: Request, body: bytes) -> str:
 
 
 async def job(request: Request) -> Response:
+    received_at = time.time()
     body = await request.body()
     key = _key(request, body)
     counts[key] += 1
@@ -96,6 +98,7 @@ async def job(request: Request) -> Response:
         "key": key,
         "run": run,
         "pid": os.getpid(),
+        "received_at": received_at,  # POSIX time the request arrived, by this clock
         "method": request.method,
         "query": request.url.query,
         "raw_path": request.scope.get("raw_path", b"").decode("latin-1"),

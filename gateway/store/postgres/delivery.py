@@ -49,6 +49,7 @@ class PostgresDeliveries:
             limit,
             expired,
             origin,
+            delivery.delay_ms,
         )
         row = await self.rows.take("accept", ref, *args)
         if row is None:  # free, not admitted: nothing stored

@@ -59,6 +59,7 @@ from gateway.store.postgres.database import Database, connect_args, decode_recor
 from gateway.store.postgres.delivery import PostgresDeliveries
 from gateway.store.postgres.listing import PostgresListing
 from gateway.store.postgres.notices import PostgresNotices
+from gateway.store.postgres.pauses import PostgresPauses
 from gateway.store.postgres.roster import PostgresRoster
 from gateway.store.postgres.rows import RecordRows
 from gateway.store.postgres.schema import SchemaError, check
@@ -88,6 +89,7 @@ class PostgresStore(PartsStore):
     deliveries: PostgresDeliveries
     listing: PostgresListing
     operators: PostgresRoster
+    pauses: PostgresPauses
 
     def __init__(self, config: StoreConfig, config_path: str = "FILE") -> None:
         super().__init__(codec_for(config))
@@ -117,6 +119,7 @@ class PostgresStore(PartsStore):
             self.due,
         )
         self.operators = PostgresRoster(self.db, config.prefix)
+        self.pauses = PostgresPauses(self.db, config.prefix)
         self._info_seen: StoreInfo | None = None
         self._marker: str | None = None
         self._tasks: list[asyncio.Task[None]] = []

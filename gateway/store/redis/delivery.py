@@ -121,7 +121,7 @@ class RedisDeliveries:
 
     async def _accept(self, delivery: NewDelivery, bound: str) -> Accepted:
         # One unpacking: a NamedTuple's fields read by name are each a descriptor call.
-        ref, run_id, fingerprint, request, token, _, origin, expired = delivery
+        ref, run_id, fingerprint, request, token, _, origin, expired, delay_ms = delivery
         args = (
             run_id,
             fingerprint,
@@ -132,6 +132,7 @@ class RedisDeliveries:
             bound,
             expired,
             origin,
+            delay_ms,
         )
         acked = None
         if self.wait_for_replicas:

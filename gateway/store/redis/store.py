@@ -76,6 +76,7 @@ from gateway.store.redis.delivery import RedisDeliveries, attempt_json
 from gateway.store.redis.info import read_info, report
 from gateway.store.redis.listing import BUCKETS, RedisListing, bucket_of
 from gateway.store.redis.notices import RedisNotices, bounded
+from gateway.store.redis.pauses import RedisPauses
 from gateway.store.redis.record import decode_record, text
 from gateway.store.redis.resp import RespConnection, RespConnectionError, RespError, pack_command
 from gateway.store.redis.roster import RedisRoster
@@ -97,6 +98,7 @@ class RedisStore(PartsStore):
     deliveries: RedisDeliveries
     listing: RedisListing
     operators: RedisRoster
+    pauses: RedisPauses
 
     def __init__(self, config: StoreConfig) -> None:
         super().__init__(codec_for(config))
@@ -175,6 +177,7 @@ class RedisStore(PartsStore):
         #: Set while the notification subscribers are up (tests wait on it).
         self.subscribed = self.notices.subscribed
         self.operators = RedisRoster(self.client, self.prefix)
+        self.pauses = RedisPauses(self.client, self.prefix)
         self.transfer = RedisTransfer(
             self.client,
             self.opener,

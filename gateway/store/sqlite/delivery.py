@@ -25,12 +25,12 @@ _HEAD = (
 
 
 #: An accept of a key with no row, while the route's queue is under its bound: the row
-#: queued whole (the columns not named are a fresh record's defaults), or nothing
-#: (then it is decided on what is there, or the queue is full).
+#: queued whole, due (and listed) at ?10 (the columns not named are a fresh record's
+#: defaults), or nothing (then it is decided on what is there, or the queue is full).
 _ACCEPT_NEW = (
     "INSERT INTO gateway_records (digest, route, key, state, run_id, fingerprint,"
     " created_ms, since_ms, delivery, due_ms, place, request, token)"
-    " SELECT ?1, ?2, ?3, 'queued', ?4, ?5, ?6, ?6, 1, ?6, ?6, ?7, ?8"
+    " SELECT ?1, ?2, ?3, 'queued', ?4, ?5, ?6, ?6, 1, ?10, ?10, ?7, ?8"
     " WHERE (SELECT coalesce(sum(count), 0) FROM gateway_counts WHERE route = ?2"
     " AND state IN ('queued', 'retrying')) < ?9"
     " ON CONFLICT (digest) DO NOTHING"
@@ -58,13 +58,14 @@ class SqliteDeliveries:
             # A new key with room in the queue (most accepts): one INSERT, nothing read
             # or decoded. Anything else is decided below.
             bound = _UNBOUNDED if delivery.limit is None else delivery.limit
+            due = now + delivery.delay_ms
             inserted = conn.execute(
                 _ACCEPT_NEW, (ref.digest, ref.route, ref.key, delivery.run_id,
-                              delivery.fingerprint, now, request, token, bound),
+                              delivery.fingerprint, now, request, token, bound, due),
             )  # fmt: skip
             if inserted.rowcount == 1:
                 self.rows.count(conn, ref.route, State.QUEUED, 1)
-                fx.due.append(Due(ref, now, now, delivery.origin))
+                fx.due.append(Due(ref, due, now, delivery.origin))
                 return Accepted("queued", now)
             found, released = self.store.take(conn, ref, now, delivery.expired, fx)
             if found is not None:
@@ -89,10 +90,10 @@ class SqliteDeliveries:
                 since_ms=now,
                 history=released.history if released is not None else (),
                 delivery=True,
-                due_ms=now,
+                due_ms=due,
             )
             self.rows.write(conn, queued, released, response=None, request=request, token=token)
-            fx.due.append(Due(ref, now, now, delivery.origin))
+            fx.due.append(Due(ref, due, now, delivery.origin))
             return Accepted("queued", now)
 
         return await self.store.run(op, "accept")

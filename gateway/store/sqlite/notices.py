@@ -55,6 +55,11 @@ def notice_folder(database: Path) -> Path:
     return database.with_name(database.name + "-notices")
 
 
+#: What a process that starts sends the others: each lists the folder again at its next
+#: notice (its list of the others is otherwise up to PEERS_TTL old, and would miss it).
+HELLO = b'{"hello":1}'
+
+
 def encode(effects: Effects) -> bytes:
     """One datagram for what one commit changed (no response: a waiter re-reads)."""
     doc = {
@@ -164,6 +169,7 @@ class SqliteNotices:
         self._sock, self._path = sock, path
         asyncio.get_running_loop().add_reader(sock.fileno(), self._readable)
         self.subscribed.set()
+        self._send(HELLO)
         self.due.lost()  # what was said before this socket existed: rescan
 
     def _address(self, name: str) -> str:
@@ -239,6 +245,10 @@ class SqliteNotices:
         if peer in self._peers:
             self._peers.remove(peer)
 
+    def shared(self) -> bool:
+        """Whether other processes use the file (as last listed, at most PEERS_TTL ago)."""
+        return bool(self._others()) if self._sock is not None else False
+
     def _others(self) -> list[str]:
         now = time.monotonic()
         if now - self._peers_at >= PEERS_TTL:
@@ -260,6 +270,9 @@ class SqliteNotices:
                 return
             except OSError:
                 return
+            if data == HELLO:
+                self._peers_at = -PEERS_TTL
+                continue
             effects = decode(data)
             if effects is None:
                 continue

@@ -57,6 +57,7 @@ from gateway.store.sqlite.database import Database
 from gateway.store.sqlite.delivery import SqliteDeliveries
 from gateway.store.sqlite.listing import SqliteListing
 from gateway.store.sqlite.notices import SqliteNotices
+from gateway.store.sqlite.pauses import SqlitePauses
 from gateway.store.sqlite.roster import SqliteRoster
 from gateway.store.sqlite.rows import COLUMNS, TOMBSTONE_TTL, Effects, Rows, moved, now_ms
 from gateway.store.sqlite.schema import SchemaError, prepare
@@ -112,6 +113,7 @@ class SqliteStore(PartsStore):
     deliveries: SqliteDeliveries
     listing: SqliteListing
     operators: SqliteRoster
+    pauses: SqlitePauses
 
     def __init__(self, config: StoreConfig) -> None:
         super().__init__(codec_for(config))
@@ -128,6 +130,7 @@ class SqliteStore(PartsStore):
         self.deliveries = SqliteDeliveries(self)
         self.listing = SqliteListing(self)
         self.operators = SqliteRoster(self)
+        self.pauses = SqlitePauses(self)
         self.notices = SqliteNotices(self.path, self.notifier, self.due)
         #: Set while this process hears the other workers' notices (tests wait on it).
         self.subscribed = self.notices.subscribed
@@ -145,6 +148,7 @@ class SqliteStore(PartsStore):
             runs.append(Effects())
             return operation(conn, now_ms(), runs[-1])
 
+        self.db.turns.shared = self.notices.shared()
         result = await self.db.run(attempt, what)
         effects = runs[-1]
         for digest, completed in effects.changed:
