@@ -21,28 +21,8 @@ import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-from gateway.config.http import IPNetwork
+from gateway.config.http import HOP_BY_HOP, IPNetwork
 from gateway.config.types import HTTP_TOKEN
-
-#: RFC 9110 7.6.1, plus headers that describe the framing of one hop's message.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "host",
-        "expect",  # the gateway holds the whole body and answers 100-continue itself
-    }
-)
-
 
 #: Headers that tell the upstream who the caller is. From a caller that is not a trusted
 #: proxy they are the caller's own say-so: dropped, and the gateway's view put in place
