@@ -284,3 +284,20 @@ async def test_hostile_delivery_times_are_refused_and_nothing_is_queued(
             retried = await send(client, gateway, key, {})
             assert retried.status_code == 202 and "idempotent-replayed" not in retried.headers
             assert "due" not in retried.json()
+
+
+async def test_a_leap_second_not_before_is_the_next_minute_never_the_second_before(
+    tmp_path: Path, upstream: Process, sqlite_store: dict[str, Any]
+) -> None:
+    """`Delivery-Not-Before: ... HH:MM:60 GMT` (a leap second, which comes after :59)
+    is due at the next minute's :00, never at :59: one second early is still early."""
+    gateway = start_gateway(*write_config(tmp_path, upstream, sqlite_store))
+    key = unique("leap")
+    if time.time() % 60 > 55:  # the request's :60 must still be ahead when it arrives
+        await asyncio.sleep(60 - time.time() % 60)
+    minute = int(time.time()) // 60 * 60
+    not_before = formatdate(minute, usegmt=True).replace(":00 GMT", ":60 GMT")
+    async with httpx.AsyncClient(timeout=10) as client:
+        accepted = await send(client, gateway, key, {"Delivery-Not-Before": not_before})
+    assert accepted.status_code == 202, accepted.text
+    assert when(accepted.json()["due"]) >= minute + 60, (not_before, accepted.json())
