@@ -306,7 +306,10 @@ def http_date(text: str, now: float) -> float | None:
             year -= 100
     else:
         year = int(parts["year"])
-    second = min(int(parts["second"]), 59)  # 60: a leap second
+    # 60 is a leap second, which comes after :59: read as the next minute's :00, the
+    # POSIX time it ends at, so a time asked as "not before" is never a second early.
+    second = int(parts["second"])
+    leap = 1 if second == 60 else 0  # 61 and more: no time (the ValueError below)
     try:
         when = datetime(
             year,
@@ -314,9 +317,9 @@ def http_date(text: str, now: float) -> float | None:
             int(parts["day"]),
             int(parts["hour"]),
             int(parts["minute"]),
-            second,
+            second - leap,
             tzinfo=UTC,
         )
     except ValueError:  # 31 Feb, hour 24, year 0
         return None
-    return when.timestamp()
+    return when.timestamp() + leap

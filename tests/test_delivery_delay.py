@@ -236,6 +236,7 @@ HOSTILE = [
     ("Delivery-Not-Before", "tomorrow"),
     ("Delivery-Not-Before", "Fri, 31 Feb 2026 10:00:00 GMT"),
     ("Delivery-Not-Before", "Fri, 04 Dec 2026 25:00:00 GMT"),
+    ("Delivery-Not-Before", "Fri, 04 Dec 2026 18:00:61 GMT"),
     ("Delivery-Not-Before", "2026-12-04T18:00:00Z"),
     ("Delivery-Not-Before", "Fri, 04 Dec 2026 18:00:00 CET"),
     ("Delivery-Not-Before", "\u0661\u0662".encode()),
