@@ -10,6 +10,7 @@ Everything is a real process: the test upstream under uvicorn, a SQLite file, an
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,12 @@ TOKEN = "t0ken-for-the-lane-tests"
 def start(tmp_path: Path, upstream: Process) -> tuple[Process, int]:
     """One gateway, `max_deliveries: 1`, two async routes: `later` (listed first, so
     its lane starts first) and `now`."""
+    gateway, admin_port, _ = configured(tmp_path, upstream)
+    return gateway, admin_port
+
+
+def configured(tmp_path: Path, upstream: Process) -> tuple[Process, int, dict[str, Any]]:
+    """`start`'s gateway, with its config file's document (its path: `path`)."""
     port, admin_port = free_port(), free_port()
 
     def route(name: str) -> dict[str, Any]:
@@ -49,7 +56,8 @@ def start(tmp_path: Path, upstream: Process) -> tuple[Process, int]:
     }
     path = tmp_path / f"gateway-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
-    return for_this_test(gateway_process(path, port)).start(), admin_port
+    config["path"] = str(path)
+    return for_this_test(gateway_process(path, port)).start(), admin_port, config
 
 
 async def delivered_within(upstream: Process, key: str, seconds: float) -> bool:
@@ -91,3 +99,36 @@ async def test_a_waiting_route_does_not_hold_the_processs_delivery_slot(
         assert second.status_code == 202, second.text
         assert await delivered_within(upstream, due, 5), "the due delivery was never attempted"
     assert await upstream_count(upstream, waiting) == 0
+
+
+async def test_a_paused_route_made_sync_can_be_resumed_and_delivers_its_queue(
+    tmp_path: Path, upstream: Process
+) -> None:
+    """An operator pauses `later` with a delivery queued, and a reload makes the route
+    sync: its queued work is still the worker's to deliver, so its pause is still
+    the operator's to lift. The resume is taken, and the delivery goes out once."""
+    gateway, admin_port, config = configured(tmp_path, upstream)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    base = f"http://127.0.0.1:{admin_port}/admin/routes/later"
+    key = unique("stranded")
+    async with httpx.AsyncClient(timeout=10) as client:
+        paused = await client.post(
+            base + "/pause", json={"why": "maintenance", "operator": "ops"}, headers=auth
+        )
+        assert paused.status_code == 200, paused.text
+        accepted = await client.post(
+            gateway.url + "/jobs/later", json={"job_key": key}, headers={"Idempotency-Key": key}
+        )
+        assert accepted.status_code == 202, accepted.text
+        path = Path(config.pop("path"))
+        config["routes"][0]["delivery"] = "sync"
+        path.write_text(yaml.safe_dump(config))
+        gateway.signal(signal.SIGHUP)
+        gateway.wait_for_output("config reloaded")
+        resumed = await client.post(
+            base + "/resume", json={"why": "maintenance over", "operator": "ops"}, headers=auth
+        )
+        assert resumed.status_code == 200, resumed.text
+        assert resumed.json()["paused"] is None
+        assert await delivered_within(upstream, key, 5), "the queued delivery stayed held"
+    assert await upstream_count(upstream, key) == 1
