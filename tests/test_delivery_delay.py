@@ -302,3 +302,31 @@ async def test_a_leap_second_not_before_is_the_next_minute_never_the_second_befo
         accepted = await send(client, gateway, key, {"Delivery-Not-Before": not_before})
     assert accepted.status_code == 202, accepted.text
     assert when(accepted.json()["due"]) >= minute + 60, (not_before, accepted.json())
+
+
+async def test_a_sync_route_reads_no_delivery_time_and_forwards_the_headers(
+    tmp_path: Path, upstream: Process, sqlite_store: dict[str, Any]
+) -> None:
+    """A sync route has no delivery time to keep: the caller waits for the answer. The
+    headers are the upstream's to read, forwarded as any other, and the request runs
+    at once; a value the gateway would refuse on an async route is not refused."""
+    config, port = write_config(tmp_path, upstream, sqlite_store)
+    doc = yaml.safe_load(config.read_text())
+    doc["routes"].append(
+        {
+            "name": "now",
+            "match": {"methods": ["POST"], "path": "/jobs/now"},
+            "upstream": upstream.url,
+            "key": {"header": "Idempotency-Key"},
+        }
+    )
+    config.write_text(yaml.safe_dump(doc))
+    gateway = start_gateway(config, port)
+    key = unique("sync")
+    asked = {"Delivery-Delay": "2h", "Delivery-Not-Before": "tomorrow"}
+    async with httpx.AsyncClient(timeout=10) as client:
+        answer = await send(client, gateway, key, asked, "/jobs/now")
+    assert answer.status_code == 200, answer.text
+    seen = answer.json()["headers"]
+    assert seen["delivery-delay"] == "2h" and seen["delivery-not-before"] == "tomorrow"
+    assert await upstream_count(upstream, key) == 1
