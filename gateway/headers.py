@@ -21,28 +21,8 @@ import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-from gateway.config.http import IPNetwork
+from gateway.config.http import HOP_BY_HOP, IPNetwork
 from gateway.config.types import HTTP_TOKEN
-
-#: RFC 9110 7.6.1, plus headers that describe the framing of one hop's message.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "host",
-        "expect",  # the gateway holds the whole body and answers 100-continue itself
-    }
-)
-
 
 #: Headers that tell the upstream who the caller is. From a caller that is not a trusted
 #: proxy they are the caller's own say-so: dropped, and the gateway's view put in place
@@ -326,7 +306,10 @@ def http_date(text: str, now: float) -> float | None:
             year -= 100
     else:
         year = int(parts["year"])
-    second = min(int(parts["second"]), 59)  # 60: a leap second
+    # 60 is a leap second, which comes after :59: read as the next minute's :00, the
+    # POSIX time it ends at, so a time asked as "not before" is never a second early.
+    second = int(parts["second"])
+    leap = 1 if second == 60 else 0  # 61 and more: no time (the ValueError below)
     try:
         when = datetime(
             year,
@@ -334,9 +317,9 @@ def http_date(text: str, now: float) -> float | None:
             int(parts["day"]),
             int(parts["hour"]),
             int(parts["minute"]),
-            second,
+            second - leap,
             tzinfo=UTC,
         )
     except ValueError:  # 31 Feb, hour 24, year 0
         return None
-    return when.timestamp()
+    return when.timestamp() + leap

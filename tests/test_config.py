@@ -1292,6 +1292,35 @@ def test_delivery_delay_settings() -> None:
         }
 
 
+def test_delivery_time_headers_are_no_key_framing_or_each_others_header() -> None:
+    """A delay or not-before header named as the key's header (a key `3600` would be
+    read as an hour's delay), the forwarded key header, a hop-by-hop or framing header
+    (`Content-Length` read as seconds), or the other delivery-time header: refused at
+    the setting, with the fix."""
+    at = "routes[0].delivery.delay_header"
+    for name in ("idempotency-key", "Content-Length", "Host", "Connection", "Transfer-Encoding"):
+        found = route_error(delivery={"mode": "async", "delay_header": name}, **KEYED)
+        assert list(found) == [at], found
+        assert "Delivery-Delay" in found[at], found[at]
+    found = route_error(
+        delivery={"mode": "async", "not_before_header": "X-Job"},
+        key={"sources": [{"header": "Idempotency-Key"}, {"header": "X-Job"}]},
+    )
+    assert list(found) == ["routes[0].delivery.not_before_header"], found
+    found = route_error(
+        delivery={"mode": "async", "delay_header": "X-Forwarded-Key"},
+        forward_key_header="X-Forwarded-Key",
+        **KEYED,
+    )
+    assert list(found) == [at], found
+    found = route_error(
+        delivery={"mode": "async", "delay_header": "X-When", "not_before_header": "x-when"},
+        **KEYED,
+    )
+    assert list(found) == ["routes[0].delivery.not_before_header"], found
+    assert "delay_header" in found["routes[0].delivery.not_before_header"]
+
+
 def test_delivery_delay_error_has_file_position(tmp_path: Path) -> None:
     path = tmp_path / "delay.yaml"
     path.write_text(

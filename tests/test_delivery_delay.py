@@ -236,6 +236,7 @@ HOSTILE = [
     ("Delivery-Not-Before", "tomorrow"),
     ("Delivery-Not-Before", "Fri, 31 Feb 2026 10:00:00 GMT"),
     ("Delivery-Not-Before", "Fri, 04 Dec 2026 25:00:00 GMT"),
+    ("Delivery-Not-Before", "Fri, 04 Dec 2026 18:00:61 GMT"),
     ("Delivery-Not-Before", "2026-12-04T18:00:00Z"),
     ("Delivery-Not-Before", "Fri, 04 Dec 2026 18:00:00 CET"),
     ("Delivery-Not-Before", "\u0661\u0662".encode()),
@@ -284,3 +285,48 @@ async def test_hostile_delivery_times_are_refused_and_nothing_is_queued(
             retried = await send(client, gateway, key, {})
             assert retried.status_code == 202 and "idempotent-replayed" not in retried.headers
             assert "due" not in retried.json()
+
+
+async def test_a_leap_second_not_before_is_the_next_minute_never_the_second_before(
+    tmp_path: Path, upstream: Process, sqlite_store: dict[str, Any]
+) -> None:
+    """`Delivery-Not-Before: ... HH:MM:60 GMT` (a leap second, which comes after :59)
+    is due at the next minute's :00, never at :59: one second early is still early."""
+    gateway = start_gateway(*write_config(tmp_path, upstream, sqlite_store))
+    key = unique("leap")
+    if time.time() % 60 > 55:  # the request's :60 must still be ahead when it arrives
+        await asyncio.sleep(60 - time.time() % 60)
+    minute = int(time.time()) // 60 * 60
+    not_before = formatdate(minute, usegmt=True).replace(":00 GMT", ":60 GMT")
+    async with httpx.AsyncClient(timeout=10) as client:
+        accepted = await send(client, gateway, key, {"Delivery-Not-Before": not_before})
+    assert accepted.status_code == 202, accepted.text
+    assert when(accepted.json()["due"]) >= minute + 60, (not_before, accepted.json())
+
+
+async def test_a_sync_route_reads_no_delivery_time_and_forwards_the_headers(
+    tmp_path: Path, upstream: Process, sqlite_store: dict[str, Any]
+) -> None:
+    """A sync route has no delivery time to keep: the caller waits for the answer. The
+    headers are the upstream's to read, forwarded as any other, and the request runs
+    at once; a value the gateway would refuse on an async route is not refused."""
+    config, port = write_config(tmp_path, upstream, sqlite_store)
+    doc = yaml.safe_load(config.read_text())
+    doc["routes"].append(
+        {
+            "name": "now",
+            "match": {"methods": ["POST"], "path": "/jobs/now"},
+            "upstream": upstream.url,
+            "key": {"header": "Idempotency-Key"},
+        }
+    )
+    config.write_text(yaml.safe_dump(doc))
+    gateway = start_gateway(config, port)
+    key = unique("sync")
+    asked = {"Delivery-Delay": "2h", "Delivery-Not-Before": "tomorrow"}
+    async with httpx.AsyncClient(timeout=10) as client:
+        answer = await send(client, gateway, key, asked, "/jobs/now")
+    assert answer.status_code == 200, answer.text
+    seen = answer.json()["headers"]
+    assert seen["delivery-delay"] == "2h" and seen["delivery-not-before"] == "tomorrow"
+    assert await upstream_count(upstream, key) == 1

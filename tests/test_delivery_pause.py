@@ -248,3 +248,40 @@ async def test_an_operator_pauses_and_resumes_a_route_through_the_cli_and_the_ap
         again.returncode == 0
         and "delivering (resumed by carol (shared token): again)" in again.stdout
     )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a refused probe counts as an attempt of its delivery: over an outage longer "
+    "than retry.attempts probes, the probed delivery is parked for exhaustion",
+)
+async def test_a_long_pause_parks_nothing_for_exhaustion(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """One delivery, five attempts, the route paused after three refused: the outage
+    outlasts many probes, all of this one delivery; paused, it is never parked for
+    exhaustion, and the upstream back, it is delivered once."""
+    upstream = for_this_test(upstream_server())  # not started: its port refuses
+    (gateway,) = gateways(tmp_path, redis_server, upstream, 1, probe_every=0.2, attempts=5)
+    key = unique("job")
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as client:
+        answer = await client.post(PATH, content=b"{}", headers={"Idempotency-Key": key})
+        assert answer.status_code == 202, answer.text
+        location = answer.headers["location"]
+
+        async def paused() -> bool:
+            return bool((await client.get(location)).json()["paused"])
+
+        await until(paused)
+        await asyncio.sleep(2)  # ten probes
+        body = (await client.get(location)).json()
+        counts = await attempts([gateway])
+        assert counts.get("exhausted", 0) == 0, counts
+        assert body["state"] in ("queued", "retrying"), body
+        upstream.start()
+
+        async def delivered() -> bool:
+            return await upstream_count(upstream, key) >= 1
+
+        await until(delivered)
+    assert await upstream_count(upstream, key) == 1

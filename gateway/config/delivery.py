@@ -6,9 +6,10 @@ blind).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from gateway.config.http import HeaderNames, HeaderOrOff
+from gateway.config.http import HOP_BY_HOP, HeaderNames, HeaderOrOff
 from gateway.config.issues import Problems
 from gateway.config.sections import Section, settings
 from gateway.config.types import Duration, GraceDuration, OneOf, Whole
@@ -95,11 +96,13 @@ class DeliveryConfig(Section):
     delay_header: HeaderOrOff = "Delivery-Delay"
     """The request header that asks for a delay before the first attempt: a duration
     (`90s`, `15m`, `2h`; seconds when it has no unit), in ASCII digits. Read, then
-    never stored or delivered. `false`: no header is read."""
+    never stored or delivered. `false`: no header is read. Not a header the key is
+    read from or forwarded in, a hop-by-hop or framing header, or `not_before_header`."""
     not_before_header: HeaderOrOff = "Delivery-Not-Before"
     """The request header that asks for the first attempt not before a time, an
     HTTP-date (`Fri, 04 Dec 2026 18:00:00 GMT`); a time past is due at once. Read,
-    then never stored or delivered. `false`: no header is read."""
+    then never stored or delivered. `false`: no header is read. Not a header the key
+    is read from or forwarded in, a hop-by-hop or framing header, or `delay_header`."""
     pause_after: Annotated[int, Whole(0, 1000)] = 0
     """Attempts in a row, over all replicas, refused or never sent (the connection
     refused or failed, a 5xx, a 429) after which the route pauses: no delivery is
@@ -179,6 +182,7 @@ def check_async(
             "a request without a key cannot be queued on a delivery: async route; use "
             "on_missing: reject",
         )
+    _check_time_headers(values, delivery, key, problems)
     if values.get("on_store_error") == "fail_open":
         problems.add(
             ("on_store_error",),
@@ -192,3 +196,45 @@ def check_async(
             "not retry, and an unknown outcome is never retried blind, so release would "
             "resend blind or forget the work; use reconcile (with a reconcile: block) or park",
         )
+
+
+#: The header each delivery-time setting reads by default, to suggest instead.
+_TIME_HEADER_DEFAULTS = {
+    "delay_header": "Delivery-Delay",
+    "not_before_header": "Delivery-Not-Before",
+}
+
+
+def _check_time_headers(
+    values: dict[str, Any], delivery: DeliveryConfig, key: Any, problems: Problems
+) -> None:
+    """A delivery-time header must mean nothing else to the request: a key read from it
+    (`3600` would be an hour's delay), the key header forwarded, a hop-by-hop or framing
+    header (`Content-Length` read as seconds), or the other delivery-time header."""
+    taken: dict[str, str] = {}
+    for source in getattr(key, "sources", ()):
+        names = [source.name] if source.kind == "header" else []
+        if source.kind == "template":
+            names = re.findall(r"\{header\.([^}]+)\}", source.name)
+        elif source.kind == "hash":
+            names = [part[len("header.") :] for part in source.parts if part.startswith("header.")]
+        for name in names:
+            taken.setdefault(name.lower(), f"the key is read from {name}")
+    forwarded = values.get("forward_key_header")
+    if forwarded:
+        taken.setdefault(str(forwarded).lower(), f"the key is forwarded in {forwarded}")
+    for setting in ("delay_header", "not_before_header"):
+        name = getattr(delivery, setting)
+        if not name:
+            continue
+        lowered = name.lower()
+        why = taken.get(lowered)
+        if why is None and lowered in HOP_BY_HOP:
+            why = f"{name} frames the request on one hop"
+        if why is not None:
+            problems.add(
+                ("delivery", setting),
+                f"{setting} {name} cannot ask for a delivery time: {why}; use a header "
+                f"of its own, e.g. {_TIME_HEADER_DEFAULTS[setting]}, or false",
+            )
+        taken.setdefault(lowered, f"delay_header reads {name}")

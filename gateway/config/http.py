@@ -14,6 +14,26 @@ from gateway.config.text import show
 from gateway.config.types import Check, is_token, items, list_schema
 from gateway.records import SUCCESS_STATUSES
 
+#: RFC 9110 7.6.1, plus headers that describe the framing of one hop's message: never
+#: forwarded, so never a setting's header to read a request's meaning from.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "host",
+        "expect",  # the gateway holds the whole body and answers 100-continue itself
+    }
+)
+
 #: Request parts a `hash` key or a `fingerprint` may be computed from.
 #: `header.<Name>` is accepted too.
 REQUEST_PARTS = ("method", "path", "query", "body")

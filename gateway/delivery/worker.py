@@ -96,6 +96,11 @@ class Lane:
             heapq.heappop(self.heap)
         return None
 
+    def ready(self, now: float) -> bool:
+        """Whether the head hint's time has come and the route is not held."""
+        head = self.head()
+        return head is not None and max(head[0], self.held_until) <= now
+
     def pop(self) -> Due:
         _, _, due = heapq.heappop(self.heap)
         self.live.pop(due.ref.digest, None)
@@ -221,18 +226,11 @@ class DeliveryWorker:
             route_slots, process_slots = lane.slots, self.slots
             await route_slots.acquire()
             try:
-                await process_slots.acquire()
+                due = await self._take(lane, loop, process_slots)
             except BaseException:
-                route_slots.release()
-                raise
-            try:
-                due = await self._ready(lane, loop)
-            except BaseException:
-                process_slots.release()
                 route_slots.release()
                 raise
             if due is None:  # stopped picking
-                process_slots.release()
                 route_slots.release()
                 return
             task = asyncio.create_task(self._attempt(lane, due))
@@ -240,20 +238,34 @@ class DeliveryWorker:
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(functools.partial(_free, process_slots, route_slots))
 
-    async def _ready(self, lane: Lane, loop: asyncio.AbstractEventLoop) -> Due | None:
-        """The next hint whose time has come, waiting on the notices and its timer."""
+    async def _take(
+        self, lane: Lane, loop: asyncio.AbstractEventLoop, process_slots: asyncio.Semaphore
+    ) -> Due | None:
+        """The next hint whose time has come, with one of the process's slots held for
+        it. The slot is taken only once a hint is ready: a lane waiting for a far-off due
+        time or a pause to end holds none, so other routes' due work is not kept waiting."""
+        while await self._ready(lane, loop):
+            await process_slots.acquire()
+            if self.picking and lane.ready(loop.time()):
+                return lane.pop()
+            process_slots.release()  # taken or dropped while this lane waited for the slot
+        return None
+
+    async def _ready(self, lane: Lane, loop: asyncio.AbstractEventLoop) -> bool:
+        """Once a hint's time has come, waiting on the notices and its timer (False:
+        stopped picking)."""
         while self.picking:
             lane.wake.clear()
             head = lane.head()
             now = loop.time()
             ready_at = max(head[0], lane.held_until) if head is not None else None
             if ready_at is not None and ready_at <= now:
-                return lane.pop()
+                return True
             timeout = ready_at - now if ready_at is not None else None
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await lane.wake.wait()
-        return None
+        return False
 
     async def _gate(self, lane: Lane) -> tuple[Verdict, PauseState | None]:
         """Whether the route may be attempted now: "open", "probe" (this process took

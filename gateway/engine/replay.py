@@ -8,7 +8,7 @@ takes from it (and adds) whoever wrote it.
 from __future__ import annotations
 
 from gateway.config import Route
-from gateway.headers import HOP_BY_HOP
+from gateway.config.http import HOP_BY_HOP
 from gateway.records import StoredResponse
 from gateway.upstream import UpstreamResponse
 

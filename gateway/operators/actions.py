@@ -412,7 +412,9 @@ async def pause_route(
         operator = operator.acting(given)
         line["operator"] = operator.recorded
         config = gateway.config.route(route)
-        if config is None or config.delivery.mode != "async":
+        # A route a reload made sync still delivers what it queued while async, and its
+        # pause still holds that work: a resume of any configured route is taken.
+        if config is None or (move == "pause" and config.delivery.mode != "async"):
             raise UnknownRoute(
                 f"{route!r} is not a configured delivery: async route: only those deliver, "
                 "so only those pause.",

@@ -12,10 +12,10 @@ import json
 import re
 from typing import Any
 
+from gateway.config.http import HOP_BY_HOP
 from gateway.config.types import HTTP_TOKEN
 from gateway.engine.replay import NEVER_STORED, REPLAY_HEADERS
 from gateway.errors import BadResponse
-from gateway.headers import HOP_BY_HOP
 from gateway.operators.text import check_body
 from gateway.records import Record, StoredResponse
 

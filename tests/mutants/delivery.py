@@ -264,4 +264,28 @@ MUTANTS += [
         breaks="a rescan that meets an error nobody foresaw ends the worker: nothing is "
         "delivered again until a restart",
     ),
+    Mutant(
+        name="lane-holds-a-slot-while-it-waits",
+        path="gateway/delivery/worker.py",
+        old="""        while await self._ready(lane, loop):
+            await process_slots.acquire()
+            if self.picking and lane.ready(loop.time()):
+                return lane.pop()
+            process_slots.release()  # taken or dropped while this lane waited for the slot
+        return None
+""",
+        new="""        await process_slots.acquire()
+        while await self._ready(lane, loop):
+            if self.picking and lane.ready(loop.time()):
+                return lane.pop()
+        process_slots.release()
+        return None
+""",
+        tests=(
+            "tests/test_delivery_lanes.py::"
+            "test_a_waiting_route_does_not_hold_the_processs_delivery_slot[delayed]",
+        ),
+        breaks="a route whose delivery is due in an hour holds one of the process's "
+        "max_deliveries slots while it waits: another route's due work is never attempted",
+    ),
 ]

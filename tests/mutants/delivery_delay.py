@@ -1,7 +1,9 @@
 """Broken builds of delayed delivery: a due time the store does not keep (so a restart,
 or any rescan, delivers early), the delivery-time headers sent upstream, values read
-more loosely than a duration, the cap unchecked, a repeat answered with its own delay.
-Each must fail tests/test_delivery_delay.py or the store contract."""
+more loosely than a duration, the cap unchecked, a repeat answered with its own delay,
+a delivery-time header that is also the key's or a framing header, a leap second
+read a second early. Each must fail
+tests/test_delivery_delay.py, tests/test_config.py or the store contract."""
 
 from tests.mutants import Mutant
 
@@ -10,6 +12,10 @@ C = "tests/test_store_contract.py::test_a_delayed_accept_is_never_picked_before_
 HOSTILE = T + "test_hostile_delivery_times_are_refused_and_nothing_is_queued"
 WAITED = T + "test_a_delivery_delay_is_waited_for_then_delivered_once"
 NOT_BEFORE = T + "test_a_route_delay_and_a_not_before_time"
+LEAP = T + "test_a_leap_second_not_before_is_the_next_minute_never_the_second_before"
+HEADERS = (
+    "tests/test_config.py::test_delivery_time_headers_are_no_key_framing_or_each_others_header"
+)
 
 MUTANTS = [
     Mutant(
@@ -96,5 +102,38 @@ MUTANTS = [
         tests=(WAITED,),
         breaks="a repeat's 202 names the delay it asked for, not the first request's due "
         "time the delivery keeps",
+    ),
+    Mutant(
+        name="time-header-may-be-the-key-header",
+        path="gateway/config/delivery.py",
+        old="        why = taken.get(lowered)\n",
+        new="        why = None\n",
+        tests=(HEADERS,),
+        breaks="a delay header named as the key's header reads a key 3600 as an hour's "
+        "delay, and two delivery-time headers of one name read a date as a duration",
+    ),
+    Mutant(
+        name="time-header-may-be-a-framing-header",
+        path="gateway/config/delivery.py",
+        old="        if why is None and lowered in HOP_BY_HOP:\n",
+        new="        if False:\n",
+        tests=(HEADERS,),
+        breaks="delay_header: Content-Length reads the body's length as seconds to wait",
+    ),
+    Mutant(
+        name="leap-second-read-as-the-second-before",
+        path="gateway/headers.py",
+        old="    return when.timestamp() + leap\n",
+        new="    return when.timestamp()\n",
+        tests=(LEAP,),
+        breaks="Delivery-Not-Before at HH:MM:60 is due at HH:MM:59, a second before the time asked",
+    ),
+    Mutant(
+        name="second-past-60-read-as-a-time",
+        path="gateway/headers.py",
+        old='    second = int(parts["second"])\n',
+        new='    second = min(int(parts["second"]), 60)\n',
+        tests=(HOSTILE,),
+        breaks="an HTTP-date with second 61 or more is read as a time, not refused",
     ),
 ]

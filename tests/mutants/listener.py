@@ -135,7 +135,7 @@ MUTANTS = [
     ),
     Mutant(
         name="expect-forwarded",
-        path="gateway/headers.py",
+        path="gateway/config/http.py",
         old='        "expect",',
         new="",
         tests=t("test_expect_100_continue_is_answered_by_the_gateway_not_forwarded"),

@@ -1,5 +1,5 @@
 """Broken builds of an async route's pause: the store's rows and moves (every store),
-and the worker that reads them before each attempt."""
+the worker that reads them before each attempt, and who may lift a pause."""
 
 from tests.mutants import Mutant
 
@@ -102,5 +102,17 @@ MUTANTS = [
             "test_an_operator_pauses_and_resumes_a_route_from_the_overview",
         ),
         breaks="another site's form pauses a route in a signed-in operator's name",
+    ),
+    Mutant(
+        name="resume-refused-for-a-route-made-sync",
+        path="gateway/operators/actions.py",
+        old='        if config is None or (move == "pause" and config.delivery.mode != "async"):\n',
+        new='        if config is None or config.delivery.mode != "async":\n',
+        tests=(
+            "tests/test_delivery_lanes.py::"
+            "test_a_paused_route_made_sync_can_be_resumed_and_delivers_its_queue",
+        ),
+        breaks="a paused route a reload made sync cannot be resumed: what it queued is "
+        "held for ever",
     ),
 ]
