@@ -39,6 +39,7 @@ from gateway.records import (
     history_event,
     is_success,
 )
+from gateway.store import rate
 from gateway.store.base import (
     Accepted,
     CheckResult,
@@ -79,6 +80,7 @@ class MemoryStore(Store):
     def __init__(self, codec: ResponseCodec = PLAIN) -> None:
         super().__init__(codec)
         self._roster = MemoryRoster()
+        self._rates: dict[str, float] = {}  # name -> its bucket's tat (store/rate.py)
         self._records: dict[str, Record] = {}
         self._requests: dict[str, bytes] = {}
         self._tokens: dict[str, bytes] = {}
@@ -784,6 +786,13 @@ class MemoryStore(Store):
             for (state, route), order in sorted(self._order.items())
             if state in OPEN_STATES
         ]
+
+    # -- rate limits ---------------------------------------------------------------
+
+    async def take_token(self, name: str, per_second: float, burst: int) -> float:
+        tat, wait = rate.take(self._rates.get(name, 0.0), time.time_ns() / 1e6, per_second, burst)
+        self._rates[name] = tat
+        return wait
 
     # -- the operator roster: its own part ------------------------------------------
 

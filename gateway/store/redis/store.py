@@ -44,6 +44,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Collection, Sequence
+from importlib import resources
 from typing import Any
 
 from redis.commands.core import AsyncScript
@@ -68,6 +69,7 @@ from gateway.store.base import (
     codec_for,
     duration_ms,
 )
+from gateway.store.rate import interval_ms
 from gateway.store.redis.admission import ClusterAdmission, admission_key
 from gateway.store.redis.delivery import RedisDeliveries, attempt_json
 from gateway.store.redis.info import read_info, report
@@ -88,6 +90,11 @@ log = logging.getLogger("gateway.store")
 ROUTE_INDEXES = ("unresolved", "parked", "claimed", "queued", "retrying")
 
 __all__ = ["BUCKETS", "RedisStore"]
+
+
+def rate_source() -> str:
+    """lua/rate.lua, run alone: a bucket is no record's, so it is not a record script."""
+    return (resources.files("gateway.store.redis") / "lua" / "rate.lua").read_text()
 
 
 class RedisStore(PartsStore):
@@ -172,6 +179,7 @@ class RedisStore(PartsStore):
         #: Set while the notification subscribers are up (tests wait on it).
         self.subscribed = self.notices.subscribed
         self.operators = RedisRoster(self.client, self.prefix)
+        self._rate = self.client.register_script(rate_source())
         self.transfer = RedisTransfer(
             self.client,
             self.opener,
@@ -566,6 +574,17 @@ class RedisStore(PartsStore):
 
     async def queue_stats(self) -> list[QueueStat]:
         return await self.listing.queue_stats()
+
+    # -- rate limits ---------------------------------------------------------------
+
+    async def take_token(self, name: str, per_second: float, burst: int) -> float:
+        # One key per bucket, its own hash tag: on a Cluster, the node that owns it.
+        key = f"{self.prefix}{{rate:{name}}}"
+        try:
+            reply = await self._rate(keys=[key], args=[repr(interval_ms(per_second)), burst])
+        except RedisError as exc:
+            raise StoreError.because("redis rate limit failed", exc) from exc
+        return float(text(reply)) / 1000.0
 
     # -- copying to another store --------------------------------------------------
 
