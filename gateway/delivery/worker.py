@@ -69,6 +69,8 @@ class Lane:
         self.wake = asyncio.Event()
         self.slots = asyncio.Semaphore(route.delivery.concurrency)
         self.task: asyncio.Task[None] | None = None
+        #: loop time before which the route's rate limit has no token (no store call)
+        self.held_until = 0.0
 
     def push(self, ready_at: float, seq: int, due: Due) -> None:
         heapq.heappush(self.heap, (ready_at, seq, due))
@@ -231,18 +233,46 @@ class DeliveryWorker:
             task.add_done_callback(functools.partial(_free, process_slots, route_slots))
 
     async def _ready(self, lane: Lane, loop: asyncio.AbstractEventLoop) -> Due | None:
-        """The next hint whose time has come, waiting on the notices and its timer."""
+        """The next hint whose time has come, waiting on the notices and its timer; on
+        a route with `delivery.rate`, once a token is taken for it. Without a token the
+        hint stays at the head of the lane (the delivery stays queued, in due order)
+        and the lane waits the time the store said, asking again only then."""
         while self.picking:
             lane.wake.clear()
             head = lane.head()
             now = loop.time()
             if head is not None and head[0] <= now:
-                return lane.pop()
-            timeout = head[0] - now if head is not None else None
+                if now >= lane.held_until:
+                    wait = await self._take_token(lane.route)
+                    if wait == 0.0:
+                        after = lane.head()
+                        if after is None or after[0] > loop.time():
+                            continue  # taken elsewhere meanwhile: the token goes unused
+                        return lane.pop()
+                    lane.held_until = loop.time() + wait
+                head = (lane.held_until, head[1])
+            timeout = max(0.0, head[0] - now) if head is not None else None
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await lane.wake.wait()
         return None
+
+    async def _take_token(self, route: Route) -> float:
+        """0.0 once a token of the route's rate limit is taken (or it has none), else
+        the seconds to wait for one; a store that fails holds the lane back a while."""
+        name = route.delivery.limit_name(route.name)
+        if name is None or route.delivery.rate is None:
+            return 0.0
+        try:
+            wait = await self.store.take_token(name, route.delivery.rate, route.delivery.burst)
+        except StoreError as exc:
+            log.warning(
+                "rate limit of %s failed (%s); again in %gs", route.name, exc, STORE_BACKOFF[1]
+            )
+            return STORE_BACKOFF[1]
+        if wait > 0.0:
+            self.engine.metrics.rate_limited.labels(route.name, "delivery").inc()
+        return wait
 
     async def _attempt(self, lane: Lane, due: Due) -> None:
         route = lane.route
