@@ -9,7 +9,9 @@ classifier forwards and settles); this is mechanics.
   slow backstop every `BACKSTOP` seconds.
 - Limits: `delivery.concurrency` attempts per route, and `server.max_deliveries` in
   all, per process; always taken in that order. `max_deliveries: 0`: no lanes, the
-  process accepts only.
+  process accepts only. `delivery.rate` holds over every process: each attempt takes
+  a token from the store first (`Store.take_token`); without one its hint goes back
+  to its place and the lane picks nothing until the store's next token.
 - The replica that accepted or scheduled a delivery tries it at once; the others wait
   `HANDOFF` first, and drop the hint when told it was taken.
 - `stop_picking()` (SIGTERM): no new picks; attempts under way are the engine's tasks,
@@ -218,40 +220,33 @@ class DeliveryWorker:
                 route_slots.release()
                 raise
             try:
-                due = await self._ready(lane, loop)
+                ready = await self._ready(lane, loop)
             except BaseException:
                 process_slots.release()
                 route_slots.release()
                 raise
-            if due is None:  # stopped picking
+            if ready is None:  # stopped picking
                 process_slots.release()
                 route_slots.release()
                 return
-            task = asyncio.create_task(self._attempt(lane, due))
+            task = asyncio.create_task(self._attempt(lane, *ready))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(functools.partial(_free, process_slots, route_slots))
 
-    async def _ready(self, lane: Lane, loop: asyncio.AbstractEventLoop) -> Due | None:
-        """The next hint whose time has come, waiting on the notices and its timer; on
-        a route with `delivery.rate`, once a token is taken for it. Without a token the
-        hint stays at the head of the lane (the delivery stays queued, in due order)
-        and the lane waits the time the store said, asking again only then."""
+    async def _ready(self, lane: Lane, loop: asyncio.AbstractEventLoop) -> tuple[float, Due] | None:
+        """The next hint whose time has come and when it was ready, waiting on the
+        notices and its timer, and while the route's rate limit holds the lane back
+        (`Lane.held_until`, set by `_attempt`) on that timer alone: no store call."""
         while self.picking:
             lane.wake.clear()
             head = lane.head()
             now = loop.time()
             if head is not None and head[0] <= now:
                 if now >= lane.held_until:
-                    wait = await self._take_token(lane.route)
-                    if wait == 0.0:
-                        after = lane.head()
-                        if after is None or after[0] > loop.time():
-                            continue  # taken elsewhere meanwhile: the token goes unused
-                        return lane.pop()
-                    lane.held_until = loop.time() + wait
+                    return head[0], lane.pop()
                 head = (lane.held_until, head[1])
-            timeout = max(0.0, head[0] - now) if head is not None else None
+            timeout = head[0] - now if head is not None else None
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await lane.wake.wait()
@@ -274,8 +269,17 @@ class DeliveryWorker:
             self.engine.metrics.rate_limited.labels(route.name, "delivery").inc()
         return wait
 
-    async def _attempt(self, lane: Lane, due: Due) -> None:
+    async def _attempt(self, lane: Lane, ready_at: float, due: Due) -> None:
         route = lane.route
+        # A token of the route's rate limit before the pick, so a delivery without one
+        # is never leased and never counts as an attempt. Taken here, not in the lane's
+        # loop, so the lane picks the next hint meanwhile (up to `concurrency` asking).
+        wait = await self._take_token(route)
+        if wait > 0.0:
+            # Back to its place in due order; the lane picks nothing until the token.
+            lane.held_until = max(lane.held_until, asyncio.get_running_loop().time() + wait)
+            lane.push(ready_at, next(self._seq), due)
+            return
         failures = 0
         # One run id for the attempt, kept when its pick is tried again after a store
         # error: a first try that took the delivery (its answer lost) is then found as
