@@ -1178,6 +1178,20 @@ async def test_a_rate_limit_gives_its_burst_then_answers_the_wait(store: Store) 
     assert await store.take_token(unique("rate"), 10.0, 3) == 0.0  # another name: its own
 
 
+async def test_a_rate_limit_survives_a_script_flush(store: Store, store_kind: str) -> None:
+    """Redis that lost its scripts (a restart, SCRIPT FLUSH): the bucket's script is
+    loaded again and the take answered, the bucket as it was."""
+    if not isinstance(store, RedisStore):
+        pytest.skip("scripts are Redis's")
+    name = unique("rate")
+    assert await store.take_token(name, 1.0, 1) == 0.0
+    if store_kind.startswith("cluster"):
+        await store.client.execute_command("SCRIPT FLUSH", target_nodes="all")
+    else:
+        await store.client.script_flush()
+    assert 0.9 < await store.take_token(name, 1.0, 1) <= 1.0
+
+
 async def test_a_rate_limit_never_gives_more_than_rate_times_span_plus_burst(
     store: Store, make_store: Callable[[], Store], store_kind: str
 ) -> None:

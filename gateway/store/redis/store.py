@@ -124,6 +124,8 @@ class RedisStore(PartsStore):
         self._channels = [tag + "c" for tag in self._tags]
         self._due_channels = [tag + "d" for tag in self._tags]  # _lib.lua's due_notice
         self._markers = [tag + "m" for tag in self._tags]
+        # lua/rate.lua runs alone (no record's), over the same connection as the rest.
+        self._scripts["rate"] = self.client.register_script(rate_source())
         self._commands = ScriptCommands(self._scripts, self._layout, self.prefix)
         self._cluster_scripts = SharedLoads(self.client) if self.cluster else None
         #: on a Cluster, the route's admission marks are kept apart (redis/admission.py)
@@ -179,7 +181,6 @@ class RedisStore(PartsStore):
         #: Set while the notification subscribers are up (tests wait on it).
         self.subscribed = self.notices.subscribed
         self.operators = RedisRoster(self.client, self.prefix)
-        self._rate = self.client.register_script(rate_source())
         self.transfer = RedisTransfer(
             self.client,
             self.opener,
@@ -580,10 +581,7 @@ class RedisStore(PartsStore):
     async def take_token(self, name: str, per_second: float, burst: int) -> float:
         # One key per bucket, its own hash tag: on a Cluster, the node that owns it.
         key = f"{self.prefix}{{rate:{name}}}"
-        try:
-            reply = await self._rate(keys=[key], args=[repr(interval_ms(per_second)), burst])
-        except RedisError as exc:
-            raise StoreError.because("redis rate limit failed", exc) from exc
+        reply = await self._run_keys("rate", [key], [repr(interval_ms(per_second)), burst])
         return float(text(reply)) / 1000.0
 
     # -- copying to another store --------------------------------------------------
