@@ -25,6 +25,7 @@ from gateway.keying import record_digest
 from gateway.records import KeyRef, State
 from gateway.store import open_store
 from tests.conftest import unique
+from tests.support.ledger import Ledger
 from tests.support.records import StoreServer
 from tests.support.servers import Process, RedisServer
 from tests.test_delivery_process import PATH, ROUTE, Site, SqliteFile
@@ -87,6 +88,7 @@ async def _rate_limited_delivery(
     tmp_path: Path,
     upstream: Process,
     server: StoreServer,
+    ledger: Ledger,
     *,
     rate: int,
     burst: int,
@@ -127,6 +129,15 @@ async def _rate_limited_delivery(
         ]
     finally:
         await store.close()
+    ledger.record(
+        "async delivery",
+        f"rate[{rate}/s, {replicas}x{max(workers, 1)} processes, {site.store_config.kind}]",
+        requests=count,
+        upstream_duplicates=sum(max(0, len(runs) - 1) for runs in arrivals.values()),
+        records_lost=sum(r is None or r.state is not State.COMPLETED for r in records),
+        detail=f"busiest second {busiest} (rate {rate} + burst {burst}); {count} in "
+        f"{span:.2f} s; {held:.0f} holds; {attempts:.0f} attempts",
+    )
     assert {key: len(arrivals.get(key, [])) for key in keys} == dict.fromkeys(keys, 1)
     assert busiest <= rate * 1.05 + burst, (busiest, rate, burst)
     # No faster than the rate over the whole run (the first `burst` come at once).
@@ -139,7 +150,11 @@ async def _rate_limited_delivery(
 
 @pytest.mark.parametrize("store_kind", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 async def test_two_processes_keep_to_one_rate(
-    tmp_path: Path, upstream: Process, store_kind: str, request: pytest.FixtureRequest
+    tmp_path: Path,
+    upstream: Process,
+    store_kind: str,
+    request: pytest.FixtureRequest,
+    ledger: Ledger,
 ) -> None:
     """Two gateway processes on one store, `rate: 50/s` with a burst of 2, 100 queued
     deliveries: each process alone could send them all at once (concurrency 8), and
@@ -150,18 +165,26 @@ async def test_two_processes_keep_to_one_rate(
         else request.getfixturevalue("redis_server")
     )
     await _rate_limited_delivery(
-        tmp_path, upstream, server, rate=50, burst=2, count=100, replicas=2, workers=0
+        tmp_path, upstream, server, ledger, rate=50, burst=2, count=100, replicas=2, workers=0
     )
 
 
 @pytest.mark.long
 @pytest.mark.redis
 async def test_three_replicas_of_two_workers_keep_to_one_rate(
-    tmp_path: Path, upstream: Process, redis_server: RedisServer
+    tmp_path: Path, upstream: Process, redis_server: RedisServer, ledger: Ledger
 ) -> None:
     """Three replicas of `--workers 2` (six processes) on one redis-server, `rate:
     20/s` with a burst of 3, 200 queued deliveries: the upstream sees at most about 20 a
     second throughout (about ten seconds), each delivery once."""
     await _rate_limited_delivery(
-        tmp_path, upstream, redis_server, rate=20, burst=3, count=200, replicas=3, workers=2
+        tmp_path,
+        upstream,
+        redis_server,
+        ledger,
+        rate=20,
+        burst=3,
+        count=200,
+        replicas=3,
+        workers=2,
     )

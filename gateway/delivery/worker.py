@@ -53,6 +53,7 @@ QUEUE_WATCH = 1.0  # s: how soon a route made sync has its leftover work found
 BACKSTOP = 20.0  # s: the rescan when no notice was lost, in case one was anyway
 REPAIR = 60.0  # s: between repairs of the store's counts (and a Cluster's admission marks)
 STORE_BACKOFF = (0.1, 2.0)  # s: after a StoreError, doubling
+ONE_ASK = 1.0  # s: after the rate limit held a lane back, its tokens are asked one at a time
 
 
 def _free(*slots: asyncio.Semaphore | asyncio.Task[None]) -> None:
@@ -73,6 +74,9 @@ class Lane:
         self.task: asyncio.Task[None] | None = None
         #: loop time before which the route's rate limit has no token (no store call)
         self.held_until = 0.0
+        #: loop time before which the lane asks for one token at a time (the limit binds)
+        self.one_ask_until = 0.0
+        self.asking = 0  # token asks under way
 
     def push(self, ready_at: float, seq: int, due: Due) -> None:
         heapq.heappush(self.heap, (ready_at, seq, due))
@@ -229,7 +233,10 @@ class DeliveryWorker:
                 process_slots.release()
                 route_slots.release()
                 return
-            task = asyncio.create_task(self._attempt(lane, *ready))
+            limited = lane.route.delivery.rate is not None
+            if limited:
+                lane.asking += 1  # counted from the pick: the task may not have run yet
+            task = asyncio.create_task(self._attempt(lane, *ready, limited))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(functools.partial(_free, process_slots, route_slots))
@@ -237,20 +244,44 @@ class DeliveryWorker:
     async def _ready(self, lane: Lane, loop: asyncio.AbstractEventLoop) -> tuple[float, Due] | None:
         """The next hint whose time has come and when it was ready, waiting on the
         notices and its timer, and while the route's rate limit holds the lane back
-        (`Lane.held_until`, set by `_attempt`) on that timer alone: no store call."""
+        (`Lane.held_until`, set by `_attempt`) on that timer alone: no store call. While
+        the limit binds (`Lane.one_ask_until`), one token ask at a time: a lane with
+        `concurrency` hints ready would otherwise ask for that many tokens where one
+        is there."""
         while self.picking:
             lane.wake.clear()
             head = lane.head()
             now = loop.time()
             if head is not None and head[0] <= now:
-                if now >= lane.held_until:
+                if now >= lane.held_until and not (lane.asking and now < lane.one_ask_until):
                     return head[0], lane.pop()
-                head = (lane.held_until, head[1])
+                # Held: its timer; one ask under way: its answer (which wakes the lane).
+                head = (lane.held_until, head[1]) if now < lane.held_until else None
             timeout = head[0] - now if head is not None else None
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await lane.wake.wait()
         return None
+
+    async def _token(self, lane: Lane, ready_at: float, due: Due) -> bool:
+        """A token of the route's rate limit before the pick, so a delivery without one
+        is never leased and never counts as an attempt. Asked in the attempt's task,
+        not the lane's loop, so the lane picks the next hint meanwhile. Without one,
+        the hint goes back to its place in due order, the lane picks nothing until the
+        store's next token, and then asks for one token at a time while the limit
+        binds."""
+        try:
+            wait = await self._take_token(lane.route)
+        finally:
+            lane.asking -= 1
+            lane.wake.set()
+        if wait > 0.0:
+            now = asyncio.get_running_loop().time()
+            lane.held_until = max(lane.held_until, now + wait)
+            lane.one_ask_until = lane.held_until + ONE_ASK
+            lane.push(ready_at, next(self._seq), due)
+            return False
+        return True
 
     async def _take_token(self, route: Route) -> float:
         """0.0 once a token of the route's rate limit is taken (or it has none), else
@@ -269,16 +300,9 @@ class DeliveryWorker:
             self.engine.metrics.rate_limited.labels(route.name, "delivery").inc()
         return wait
 
-    async def _attempt(self, lane: Lane, ready_at: float, due: Due) -> None:
+    async def _attempt(self, lane: Lane, ready_at: float, due: Due, limited: bool) -> None:
         route = lane.route
-        # A token of the route's rate limit before the pick, so a delivery without one
-        # is never leased and never counts as an attempt. Taken here, not in the lane's
-        # loop, so the lane picks the next hint meanwhile (up to `concurrency` asking).
-        wait = await self._take_token(route)
-        if wait > 0.0:
-            # Back to its place in due order; the lane picks nothing until the token.
-            lane.held_until = max(lane.held_until, asyncio.get_running_loop().time() + wait)
-            lane.push(ready_at, next(self._seq), due)
+        if limited and not await self._token(lane, ready_at, due):
             return
         failures = 0
         # One run id for the attempt, kept when its pick is tried again after a store

@@ -28,8 +28,8 @@ MUTANTS = [
     Mutant(
         name="rate-limit-ignored-by-worker",
         path="gateway/delivery/worker.py",
-        old="        wait = await self._take_token(route)\n        if wait > 0.0:\n",
-        new="        wait = await self._take_token(route)\n        if False:\n",
+        old="            wait = await self._take_token(lane.route)\n",
+        new="            wait = 0.0\n",
         tests=(TWO,),
         breaks="deliveries go out as fast as the workers pick them, whatever delivery.rate says",
     ),
