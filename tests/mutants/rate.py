@@ -34,6 +34,15 @@ MUTANTS = [
         breaks="deliveries go out as fast as the workers pick them, whatever delivery.rate says",
     ),
     Mutant(
+        name="rate-asks-with-every-slot",
+        path="gateway/delivery/worker.py",
+        old="            lane.one_ask_until = lane.held_until + ONE_ASK\n",
+        new="            lane.one_ask_until = 0.0\n",
+        tests=(TWO,),
+        breaks="a lane held back by the limit asks the store once per concurrency slot for "
+        "each token: store round trips multiplied, for nothing",
+    ),
+    Mutant(
         name="rate-refusal-takes",
         path="gateway/store/rate.py",
         old="        return tat_ms, (allowed_at - now_ms) / 1000.0\n",
