@@ -69,6 +69,7 @@ class Lane:
         self.route = route
         self.heap: list[tuple[float, int, Due]] = []
         self.live: dict[str, int] = {}  # digest -> seq of its entry (others are stale)
+        self.ready: dict[str, float] = {}  # digest -> ready time of its live entry
         self.wake = asyncio.Event()
         self.slots = asyncio.Semaphore(route.delivery.concurrency)
         self.task: asyncio.Task[None] | None = None
@@ -79,12 +80,20 @@ class Lane:
         self.asking = 0  # token asks under way
 
     def push(self, ready_at: float, seq: int, due: Due) -> None:
+        digest = due.ref.digest
+        if self.route.delivery.rate is not None and self.ready.get(digest, ready_at) < ready_at:
+            # A rate-limited queue is worked in due order: a hint again (an attempt's
+            # `next`, a notice, a rescan) keeps the place its first one has.
+            self.wake.set()
+            return
         heapq.heappush(self.heap, (ready_at, seq, due))
-        self.live[due.ref.digest] = seq
+        self.live[digest] = seq
+        self.ready[digest] = ready_at
         self.wake.set()
 
     def drop(self, digest: str) -> None:
         self.live.pop(digest, None)
+        self.ready.pop(digest, None)
 
     def head(self) -> tuple[float, Due] | None:
         while self.heap:
@@ -96,7 +105,7 @@ class Lane:
 
     def pop(self) -> Due:
         _, _, due = heapq.heappop(self.heap)
-        self.live.pop(due.ref.digest, None)
+        self.drop(due.ref.digest)
         return due
 
 

@@ -43,6 +43,23 @@ MUTANTS = [
         "each token: store round trips multiplied, for nothing",
     ),
     Mutant(
+        name="rate-held-delivery-goes-last",
+        path="gateway/delivery/worker.py",
+        old="            lane.push(ready_at, next(self._seq), due)\n",
+        new="            lane.push(lane.held_until, next(self._seq), due)\n",
+        tests=("tests/test_delivery.py::test_a_rate_limited_route_delivers_in_due_order",),
+        breaks="a delivery held back by the limit goes behind the ones queued after it",
+    ),
+    Mutant(
+        name="rate-hint-again-goes-last",
+        path="gateway/delivery/worker.py",
+        old="self.ready.get(digest, ready_at) < ready_at:",
+        new="self.ready.get(digest, ready_at) < ready_at and False:",
+        tests=("tests/test_delivery.py::test_a_rate_limited_route_delivers_in_due_order",),
+        breaks="on a rate-limited route a delivery hinted again (an attempt's next) goes "
+        "behind the ones accepted after it",
+    ),
+    Mutant(
         name="rate-refusal-takes",
         path="gateway/store/rate.py",
         old="        return tat_ms, (allowed_at - now_ms) / 1000.0\n",
