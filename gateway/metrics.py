@@ -218,6 +218,14 @@ class Metrics:
             ["route", "result"],
             registry=self.registry,
         )
+        self.rate_limited = Counter(
+            prefix + "delivery_rate_limited",
+            "Times a due delivery, or a reconcile check, found its route's rate limit "
+            "(delivery.rate) without a token and waited: the delivery stays queued, and "
+            "the wait is no attempt.",
+            ["route", "what"],
+            registry=self.registry,
+        )
         self.first_attempt_delay = Histogram(
             prefix + "delivery_first_attempt_delay_seconds",
             "Time from acceptance (202) to a delivery's first attempt, by the store's clock.",
@@ -259,6 +267,8 @@ class Metrics:
             self.first_attempt_delay.labels(route)
             for result in ATTEMPT_RESULTS:
                 self.delivery_attempts.labels(route, result)
+            for what in ("delivery", "check"):
+                self.rate_limited.labels(route, what)
         for stat in stats:
             self.queue_depth.labels(stat.route, "queued").set(stat.queued)
             self.queue_depth.labels(stat.route, "retrying").set(stat.retrying)

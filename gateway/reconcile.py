@@ -28,6 +28,10 @@ check times per process. The sweep waits for a slot; a repeat that finds none do
 wait (the sweep checks its key) and gets the unresolved answer. The sweep reads each
 route's backlog a page (`PAGE` records) at a time from the store's listing, the
 longest unresolved first, and never holds more than a page of it.
+
+A route with `delivery.rate` takes a token of its rate limit before each check (the
+same limit its deliveries take, shared over every replica through the store): the
+sweep waits for one, a repeat that finds none leaves its key to the sweep.
 """
 
 from __future__ import annotations
@@ -127,7 +131,26 @@ class Reconciler:
         if not wait and slots[1].locked():
             return ""
         async with slots[1]:
+            if not await self._token(route, wait):
+                return ""
             return await self._check(route, record, min_interval)
+
+    async def _token(self, route: Route, wait: bool) -> bool:
+        """A token of the route's rate limit (`delivery.rate`, the one its deliveries
+        take: a check reaches the same service) before the check is begun, so the
+        check's lock never runs out while it waits. The sweep waits for one; a repeat
+        does not (the sweep checks its key)."""
+        dl = route.delivery
+        name = dl.limit_name(route.name)
+        while name is not None and dl.rate is not None:
+            hold = await self.store.take_token(name, dl.rate, dl.burst)
+            if hold == 0.0:
+                break
+            self.metrics.rate_limited.labels(route.name, "check").inc()
+            if not wait:
+                return False
+            await asyncio.sleep(hold)
+        return True
 
     async def _check(self, route: Route, record: Record, min_interval: float) -> str:
         rc = route.reconcile

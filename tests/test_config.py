@@ -25,7 +25,7 @@ from gateway.config import (
 from gateway.config.issues import Issues
 from gateway.config.loading import interpolate
 from gateway.config.templates import fill_url
-from gateway.config.units import MAX_DURATION
+from gateway.config.units import MAX_DURATION, format_rate
 from gateway.errors import ConfigError
 from gateway.records import is_success
 from tests.support.growth import assert_linear
@@ -1375,6 +1375,80 @@ def test_async_route_error_has_file_position(tmp_path: Path) -> None:
     assert str(caught.value).startswith(f"{path}:7:25: routes[0].on_unknown_outcome: release")
 
 
+def test_delivery_rate_burst_and_group() -> None:
+    rated = {"mode": "async", "rate": "20/s", "burst": 5, "rate_group": "billing"}
+    (full,) = parse({"routes": [route(delivery=rated, **KEYED)]}).routes
+    assert (full.delivery.rate, full.delivery.burst) == (20.0, 5)
+    assert full.delivery.limit_name(full.name) == "group:billing"
+    for written, per_second in (("600/m", 10.0), (" 36 / h ", 0.01), ("1/s", 1.0)):
+        data = {"routes": [route(delivery={"mode": "async", "rate": written}, **KEYED)]}
+        (one,) = parse(data).routes
+        assert one.delivery.rate == pytest.approx(per_second) and one.delivery.burst == 1
+        assert one.delivery.limit_name(one.name) == f"route:{one.name}"
+    (plain,) = parse({"routes": [route(delivery="async", **KEYED)]}).routes
+    assert plain.delivery.rate is None and plain.delivery.limit_name(plain.name) is None
+    assert (format_rate(20.0), format_rate(10.0 / 60), format_rate(0.01)) == (
+        "20/s",
+        "10/m",
+        "36/h",
+    )
+
+
+def test_delivery_rate_refusals_name_the_fix() -> None:
+    def rate_error(**delivery: Any) -> dict[str, str]:
+        return route_error(delivery={"mode": "async", **delivery}, **KEYED)
+
+    for bad in ("20", "20/d", "-5/s", "twenty/s", "2.5/s", "20/s/s", 20):
+        found = rate_error(rate=bad)
+        assert "is not a rate; write e.g. 20/s, 600/m or 1000/h" in found["routes[0].delivery.rate"]
+    assert "lets nothing through" in rate_error(rate="0/s")["routes[0].delivery.rate"]
+    assert "the most a limit takes" in rate_error(rate="2000000/s")["routes[0].delivery.rate"]
+    assert "U+00A0" in rate_error(rate="20\u00a0/s")["routes[0].delivery.rate"]
+    assert rate_error(burst=5) == {
+        "routes[0].delivery.burst": "burst needs a rate; add e.g. rate: 20/s"
+    }
+    assert rate_error(rate_group="billing") == {
+        "routes[0].delivery.rate_group": "rate_group needs a rate; add e.g. rate: 20/s"
+    }
+    assert (
+        "not a whole number from 1 to 100000"
+        in rate_error(rate="1/s", burst=0)["routes[0].delivery.burst"]
+    )
+    assert (
+        "not a valid name"
+        in rate_error(rate="1/s", rate_group="a b")["routes[0].delivery.rate_group"]
+    )
+    assert route_error(delivery={"rate": "20/s"}, **KEYED) == {
+        "routes[0].delivery.rate": "rate is set but delivery is sync; add mode: async"
+    }
+
+
+def test_a_rate_group_states_one_rate() -> None:
+    def rated(name: str, rate: str, burst: int = 1) -> dict[str, Any]:
+        delivery = {"mode": "async", "rate": rate, "burst": burst, "rate_group": "billing"}
+        return route(name=name, match={"path": f"/{name}"}, delivery=delivery, **KEYED)
+
+    config = parse({"routes": [rated("a", "20/s"), rated("b", "1200/m")]})
+    assert {r.delivery.limit_name(r.name) for r in config.routes} == {"group:billing"}
+    assert errors({"routes": [rated("a", "20/s"), rated("b", "10/s")]}) == {
+        "routes[1].delivery.rate": 'rate_group "billing" has rate 20/s and burst 1 at '
+        "routes[0] (a); give every route of the group the same rate and burst"
+    }
+    found = errors({"routes": [rated("a", "20/s"), rated("b", "20/s", burst=3)]})
+    assert list(found) == ["routes[1].delivery.burst"]
+
+
+def test_rate_error_has_file_position(tmp_path: Path) -> None:
+    path = tmp_path / "rate.yaml"
+    path.write_text(
+        "routes:\n  - name: a\n    match: {path: /a}\n    upstream: http://127.0.0.1:5000\n"
+        "    key: {header: K}\n    delivery: {mode: async, rate: 20/d}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(f'{path}:6:35: routes[0].delivery.rate: "20/d"')
+
+
 def test_describe_async_route() -> None:
     data = {"routes": [route(delivery={"mode": "async", "drop_headers": ["Cookie"]}, **KEYED)]}
     text = describe(parse(data))
@@ -1386,3 +1460,6 @@ def test_describe_async_route() -> None:
     assert "90s after acceptance, or as Delivery-Delay asks; at most 7d later" in text
     assert "8 attempts; backoff 2s doubling, full jitter, at most 10m" in text
     assert "64 deliveries at once" in text
+    rated = {"mode": "async", "rate": "600/m", "burst": 3, "rate_group": "billing"}
+    text = describe(parse({"routes": [route(delivery=rated, **KEYED)]}))
+    assert "at most 10/s over every replica, burst 3, shared by rate_group billing" in text

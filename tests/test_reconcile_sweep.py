@@ -1,7 +1,8 @@
 """The reconcile sweep over a backlog, in-process: it holds the backlog's references,
 not its records (it reads them a page at a time, the longest unresolved first, and
 never lists every open record), and a route's checks take `reconcile.concurrency`
-slots, which a repeat does not wait for.
+slots, which a repeat does not wait for; on a route with `delivery.rate`, the checks
+take that limit's tokens.
 
 A real memory store (counting the sweep's reads: a subclass, nothing replaced) and
 the job service of tests/support/job_service.py as the status endpoint.
@@ -31,12 +32,18 @@ ROUTE = "jobs"
 
 
 class CountingStore(MemoryStore):
-    """The memory store, counting the sweep-side reads it is asked for."""
+    """The memory store, counting the sweep-side reads it is asked for (and noting the
+    rate limits taken from)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.pages: list[int] = []
         self.listings = 0
+        self.buckets: set[str] = set()
+
+    async def take_token(self, name: str, per_second: float, burst: int) -> float:
+        self.buckets.add(name)
+        return await super().take_token(name, per_second, burst)
 
     async def list_records(
         self,
@@ -135,6 +142,32 @@ async def test_a_backlog_clears_at_the_bound_never_faster(service: Process) -> N
         assert len(await checked(service)) == 30
         assert most == 3
         assert took >= 30 / 3 * 0.1 * 0.9, took
+    finally:
+        await gateway.close()
+
+
+async def test_checks_take_the_routes_rate_limit(service: Process) -> None:
+    """An async route with `delivery.rate: 20/s`: the sweep's checks of 20 keys take
+    the tokens its deliveries take (one bucket in the store), so they reach the status
+    endpoint at 20 a second, not at once; the sweep waits for each token (every key is
+    checked), and the waits are counted."""
+    limited = {**route(service, concurrency=8), "delivery": {"mode": "async", "rate": "20/s"}}
+    store = CountingStore()
+    gateway = Gateway(config_for(service.url, [limited]), store=store, sweep=False)
+    await gateway.start()
+    try:
+        await backlog(gateway, 20)
+        started = time.monotonic()
+        await gateway.reconciler.sweep()
+        took = time.monotonic() - started
+        assert len(await checked(service)) == 20
+        assert took >= 19 / 20 * 0.9, took
+        held = gateway.metrics.registry.get_sample_value(
+            "idempotency_gateway_delivery_rate_limited_total", {"route": ROUTE, "what": "check"}
+        )
+        assert held is not None and held > 0
+        # The bucket the route's deliveries take from (DeliveryConfig.limit_name).
+        assert store.buckets == {f"route:{ROUTE}"}
     finally:
         await gateway.close()
 

@@ -1304,6 +1304,71 @@ async def test_every_process_shares_the_pause(
         await other.close()
 
 
+# -- rate limits: one bucket per name, over every process on the store -----------------
+
+
+async def test_a_rate_limit_gives_its_burst_then_answers_the_wait(store: Store) -> None:
+    """A quiet bucket gives `burst` tokens at once; the next take is refused with the
+    wait until the next token (one interval), and a refusal changes nothing."""
+    name = unique("rate")
+    assert [await store.take_token(name, 10.0, 3) for _ in range(3)] == [0.0, 0.0, 0.0]
+    wait = await store.take_token(name, 10.0, 3)
+    assert 0.05 < wait <= 0.1, wait
+    again = await store.take_token(name, 10.0, 3)
+    assert 0.0 < again <= wait, (wait, again)  # refused: still counting down, not pushed on
+    await asyncio.sleep(again + 0.01)
+    assert await store.take_token(name, 10.0, 3) == 0.0
+    assert await store.take_token(name, 10.0, 3) > 0.0
+    assert await store.take_token(unique("rate"), 10.0, 3) == 0.0  # another name: its own
+
+
+async def test_a_rate_limit_survives_a_script_flush(store: Store, store_kind: str) -> None:
+    """Redis that lost its scripts (a restart, SCRIPT FLUSH): the bucket's script is
+    loaded again and the take answered, the bucket as it was."""
+    if not isinstance(store, RedisStore):
+        pytest.skip("scripts are Redis's")
+    name = unique("rate")
+    assert await store.take_token(name, 1.0, 1) == 0.0
+    if store_kind.startswith("cluster"):
+        await store.client.execute_command("SCRIPT FLUSH", target_nodes="all")
+    else:
+        await store.client.script_flush()
+    assert 0.9 < await store.take_token(name, 1.0, 1) <= 1.0
+
+
+async def test_a_rate_limit_never_gives_more_than_rate_times_span_plus_burst(
+    store: Store, make_store: Callable[[], Store], store_kind: str
+) -> None:
+    """Takers at once (two stores on one backend, as two replicas: the memory store is
+    one process's own) over about 0.6 s: at most rate x span + burst tokens, and close
+    to that many (a refused take waits its answer, as the worker does)."""
+    name, rate, burst = unique("rate"), 50.0, 2
+    stores = [store]
+    if store_kind != "memory":
+        other = make_store()
+        await other.start()
+        stores.append(other)
+    taken: list[float] = []
+    start = time.monotonic()
+
+    async def taker(s: Store) -> None:
+        while time.monotonic() - start < 0.6:
+            wait = await s.take_token(name, rate, burst)
+            if wait == 0.0:
+                taken.append(time.monotonic())
+            else:
+                await asyncio.sleep(wait)
+
+    try:
+        await asyncio.gather(*(taker(stores[i % len(stores)]) for i in range(6)))
+    finally:
+        for s in stores[1:]:
+            await s.close()
+    span = taken[-1] - start
+    assert len(taken) <= rate * span + burst + 1, (len(taken), span)  # +1: clocks' edges
+    assert len(taken) >= rate * span * 0.8, (len(taken), span)
+
+
 # -- listings: pages from a cursor; counts kept as records move; the queue's bound ----
 
 

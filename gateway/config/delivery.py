@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from gateway.config.http import HOP_BY_HOP, HeaderNames, HeaderOrOff
 from gateway.config.issues import Problems
 from gateway.config.sections import Section, settings
-from gateway.config.types import Duration, GraceDuration, OneOf, Whole
+from gateway.config.types import Duration, GraceDuration, GroupName, OneOf, Rate, Whole
 from gateway.config.units import format_duration
 
 DeliveryMode = Literal["sync", "async"]
@@ -67,7 +67,7 @@ class DeliveryConfig(Section):
     `status_url`; a worker of any replica delivers it, retrying per `retry`. A repeat
     gets the same 202 with the current state (`Idempotent-Replayed: true`)."""
 
-    example = "delivery: async   (or {mode: async, concurrency: 4, max_queued: 10000})"
+    example = "delivery: async   (or {mode: async, concurrency: 4, rate: 20/s, burst: 5})"
     written = "`sync`, `async`, or a mapping"
 
     mode: Annotated[DeliveryMode, OneOf()] = "sync"
@@ -113,6 +113,20 @@ class DeliveryConfig(Section):
     probe_every: Duration = 30.0
     """While the route is paused by `pause_after`, how often one delivery is attempted
     as a probe, by one process of all replicas. An operator's pause sends no probe."""
+    rate: Rate | None = None
+    """The most attempts a second the upstream sees from this route, over every replica
+    and worker (`20/s`, `600/m`, `1000/h`), kept in the store; its reconcile checks
+    count against it too. A delivery that finds no token waits queued, in due order,
+    and is not attempted: the wait never counts as an attempt. `unset`: no limit
+    (each process still keeps to `concurrency`)."""
+    burst: Annotated[int, Whole(1, 100_000)] = 1
+    """The most attempts sent at once after a quiet spell: over any
+    span t the upstream sees at most rate x t + burst. Only with `rate`."""
+    rate_group: GroupName | None = None
+    """A name for the service behind the route: the routes that give the same
+    `rate_group` share one limit, so the service sees at most `rate` from all of them
+    together. Each must give the same `rate` and `burst`. `unset`: the route's limit
+    is its own. Only with `rate`."""
 
     @classmethod
     def check(
@@ -122,6 +136,10 @@ class DeliveryConfig(Section):
         inherited: frozenset[str],
         problems: Problems,
     ) -> dict[str, Any]:
+        if "rate" not in given:
+            for name in ("burst", "rate_group"):
+                if name in given:
+                    problems.add((name,), f"{name} needs a rate; add e.g. rate: 20/s")
         if values.get("mode") == "sync":
             for name in (
                 "concurrency",
@@ -133,6 +151,7 @@ class DeliveryConfig(Section):
                 "not_before_header",
                 "pause_after",
                 "probe_every",
+                "rate",
             ):
                 if name in given:
                     problems.add((name,), f"{name} is set but delivery is sync; add mode: async")
@@ -146,6 +165,12 @@ class DeliveryConfig(Section):
                 f"{fmt(cap)}, or raise max_delay",
             )
         return {}
+
+    def limit_name(self, route: str) -> str | None:
+        """The store's name of the route's rate limit (its group's, shared), or None."""
+        if self.rate is None:
+            return None
+        return f"group:{self.rate_group}" if self.rate_group else f"route:{route}"
 
 
 def delivery_shorthand(value: object) -> object:

@@ -40,6 +40,7 @@ from gateway.config.types import (
     Whole,
     text,
 )
+from gateway.config.units import format_rate
 
 SECTIONS = ("server", "admin", "store", "defaults", "routes")
 
@@ -244,6 +245,8 @@ def _read(data: dict[Any, Any], handler: Callable[[Any], Any]) -> Config:
     _check_unused_reconcile(routes, set(per_route), inherit, defaults, problems)
     if not problems.has(("server", "status_prefix")):
         check_status_prefix(routes, _status_prefix_of(data), set(per_route), problems)
+    if config is not None:
+        _check_rate_groups(config, problems)
     problems.raise_if_any()
     assert config is not None
     return config
@@ -321,3 +324,25 @@ def _check_unused_reconcile(
             "no route uses it, since none has on_unknown_outcome: reconcile; set that "
             "policy, or remove the block",
         )
+
+
+def _check_rate_groups(config: Config, problems: Problems) -> None:
+    """The routes of one `rate_group` share one limit, so they state it alike."""
+    first: dict[str, tuple[int, Route]] = {}
+    for i, route in enumerate(config.routes):
+        group = route.delivery.rate_group
+        if group is None or route.delivery.rate is None:
+            continue
+        seen = first.setdefault(group, (i, route))
+        if seen[1] is route:
+            continue
+        j, other = seen
+        ours, theirs = route.delivery, other.delivery
+        if (ours.rate, ours.burst) != (theirs.rate, theirs.burst):
+            assert theirs.rate is not None
+            problems.add(
+                ("routes", i, "delivery", "rate" if ours.rate != theirs.rate else "burst"),
+                f"rate_group {show(group)} has rate {format_rate(theirs.rate)} and burst "
+                f"{theirs.burst} at routes[{j}] ({other.name}); give every route of the "
+                "group the same rate and burst",
+            )

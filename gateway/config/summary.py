@@ -9,7 +9,7 @@ from gateway.config.model import Config
 from gateway.config.routes import Route
 from gateway.config.store import MEMORY_KEEPS_NOTHING, StoreConfig, is_default_store
 from gateway.config.text import show
-from gateway.config.units import format_duration, format_size, format_statuses
+from gateway.config.units import format_duration, format_rate, format_size, format_statuses
 from gateway.encryption import key_id
 from gateway.errors import ConfigIssue
 
@@ -202,6 +202,15 @@ def _describe_route(route: Route) -> list[str]:
                     "pause",
                     f"after {dl.pause_after} refused attempts in a row; then one probe every "
                     f"{fmt(dl.probe_every)} until one is answered",
+                )
+            )
+        if dl.rate is not None:
+            shared = f", shared by rate_group {dl.rate_group}" if dl.rate_group else ""
+            rows.append(
+                (
+                    "rate",
+                    f"at most {format_rate(dl.rate)} over every replica, burst {dl.burst}"
+                    f"{shared}; reconcile checks count too",
                 )
             )
         rows.append(

@@ -211,6 +211,16 @@ def _route_name(value: object) -> str:
     return name
 
 
+def _group_name(value: object) -> str:
+    name = text(value)
+    if not _NAME_RE.fullmatch(name):
+        raise ValueError(
+            f"{show(name)} is not a valid name; use letters, digits, _ . and -, starting "
+            "with a letter or digit, e.g. billing"
+        )
+    return name
+
+
 def _secret(value: object) -> str:
     return text(value, empty_ok=True, secret=True)
 
@@ -270,6 +280,24 @@ RouteName = Annotated[
         _route_name,
         {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
         written="name: letters, digits, `_` `.` `-`",
+    ),
+]
+
+GroupName = Annotated[
+    str,
+    Check(
+        _group_name,
+        {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
+        written="name: letters, digits, `_` `.` `-`",
+    ),
+]
+Rate = Annotated[
+    float,
+    Check(
+        units.parse_rate,
+        {"type": "string", "pattern": f"^ *{units.RATE_RE.pattern} *$"},
+        written="`N/s`, `N/m` or `N/h`",
+        show=units.format_rate,
     ),
 ]
 

@@ -32,6 +32,11 @@ MAX_DURATION = 36500 * 86400.0
 DURATION_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?|\.[0-9]+) *(ms|s|m|h|d)?")
 SIZE_RE = re.compile(r"([0-9]+) *([KMG]i?B|B)?", re.IGNORECASE)
 STATUS_RE = re.compile(r" *!? *([1-5]xx|[1-5][0-9][0-9]) *", re.IGNORECASE)
+RATE_RE = re.compile(r"([0-9]+) */ *(s|m|h)")
+RATE_HINT = "write e.g. 20/s, 600/m or 1000/h"
+#: The most a rate limit takes: a token every microsecond.
+MAX_RATE = 1_000_000
+_RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 _SIZE_UNITS = {
     "b": 1,
@@ -69,6 +74,33 @@ def parse_duration(text: object, *, allow_zero: bool = False) -> float:
             "for and every timer waits"
         )
     return seconds
+
+
+def parse_rate(text: object) -> float:
+    """Tokens a second from "20/s", "600/m" or "1000/h": a whole number, a slash, a unit.
+
+    Raises ValueError with a message that says what to write instead.
+    """
+    match = RATE_RE.fullmatch(trim(text)) if isinstance(text, str) else None
+    count = whole_number(match.group(1)) if match else None
+    if match is None or count is None:
+        hint = odd_space(text, "20/s or 20 / s") or RATE_HINT
+        raise ValueError(f"{show(text)} is not a rate; {hint}")
+    per_second = count / _RATE_UNITS[match.group(2)]
+    if count == 0:
+        raise ValueError(f"{show(text)} lets nothing through; {RATE_HINT}")
+    if per_second > MAX_RATE:
+        raise ValueError(f"{show(text)} is more than {MAX_RATE}/s, the most a limit takes")
+    return per_second
+
+
+def format_rate(per_second: float) -> str:
+    """A rate as a file writes it, in the largest unit that keeps it whole."""
+    for unit, size in (("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+        count = per_second * size
+        if abs(count - round(count)) < 1e-9:
+            return f"{round(count)}/{unit}"
+    return f"{per_second * 3600:g}/h"
 
 
 def trim(text: str) -> str:

@@ -9,7 +9,9 @@ classifier forwards and settles); this is mechanics.
   slow backstop every `BACKSTOP` seconds.
 - Limits: `delivery.concurrency` attempts per route, and `server.max_deliveries` in
   all, per process; always taken in that order. `max_deliveries: 0`: no lanes, the
-  process accepts only.
+  process accepts only. `delivery.rate` holds over every process: each attempt takes
+  a token from the store first (`Store.take_token`); without one its hint goes back
+  to its place and the lane picks nothing until the store's next token.
 - The replica that accepted or scheduled a delivery tries it at once; the others wait
   `HANDOFF` first, and drop the hint when told it was taken.
 - `stop_picking()` (SIGTERM): no new picks; attempts under way are the engine's tasks,
@@ -59,6 +61,7 @@ BACKSTOP = 20.0  # s: the rescan when no notice was lost, in case one was anyway
 REPAIR = 60.0  # s: between repairs of the store's counts (and a Cluster's admission marks)
 STORE_BACKOFF = (0.1, 2.0)  # s: after a StoreError, doubling
 MANUAL_RECHECK = 1.0  # s: how soon a lane sees an operator's resume
+ONE_ASK = 1.0  # s: after the rate limit held a lane back, its tokens are asked one at a time
 
 
 def _free(*slots: asyncio.Semaphore | asyncio.Task[None]) -> None:
@@ -74,19 +77,32 @@ class Lane:
         self.route = route
         self.heap: list[tuple[float, int, Due]] = []
         self.live: dict[str, int] = {}  # digest -> seq of its entry (others are stale)
+        self.due_at: dict[str, float] = {}  # digest -> ready time of its live entry
         self.wake = asyncio.Event()
         self.slots = asyncio.Semaphore(route.delivery.concurrency)
         self.task: asyncio.Task[None] | None = None
-        #: loop time before which no hint is ready: the route is paused
+        #: loop time before which no hint is ready: the route is paused, or its rate
+        #: limit has no token (no store call until then)
         self.held_until = 0.0
+        #: loop time before which the lane asks for one token at a time (the limit binds)
+        self.one_ask_until = 0.0
+        self.asking = 0  # token asks under way
 
     def push(self, ready_at: float, seq: int, due: Due) -> None:
+        digest = due.ref.digest
+        if self.route.delivery.rate is not None and self.due_at.get(digest, ready_at) < ready_at:
+            # A rate-limited queue is worked in due order: a hint again (an attempt's
+            # `next`, a notice, a rescan) keeps the place its first one has.
+            self.wake.set()
+            return
         heapq.heappush(self.heap, (ready_at, seq, due))
-        self.live[due.ref.digest] = seq
+        self.live[digest] = seq
+        self.due_at[digest] = ready_at
         self.wake.set()
 
     def drop(self, digest: str) -> None:
         self.live.pop(digest, None)
+        self.due_at.pop(digest, None)
 
     def head(self) -> tuple[float, Due] | None:
         while self.heap:
@@ -97,13 +113,21 @@ class Lane:
         return None
 
     def ready(self, now: float) -> bool:
-        """Whether the head hint's time has come and the route is not held."""
+        """Whether the head hint may be taken: its time has come, the route is not held
+        (paused, or no token), and no token ask is under way while the limit binds."""
         head = self.head()
-        return head is not None and max(head[0], self.held_until) <= now
+        if head is None or max(head[0], self.held_until) > now:
+            return False
+        return not (self.asking and now < self.one_ask_until)
+
+    def asked(self) -> None:
+        """A token ask counted at the pick has ended (answered, or not made)."""
+        self.asking -= 1
+        self.wake.set()
 
     def pop(self) -> Due:
         _, _, due = heapq.heappop(self.heap)
-        self.live.pop(due.ref.digest, None)
+        self.drop(due.ref.digest)
         return due
 
 
@@ -226,42 +250,53 @@ class DeliveryWorker:
             route_slots, process_slots = lane.slots, self.slots
             await route_slots.acquire()
             try:
-                due = await self._take(lane, loop, process_slots)
+                ready = await self._take(lane, loop, process_slots)
             except BaseException:
                 route_slots.release()
                 raise
-            if due is None:  # stopped picking
+            if ready is None:  # stopped picking
                 route_slots.release()
                 return
-            task = asyncio.create_task(self._attempt(lane, due))
+            limited = lane.route.delivery.rate is not None
+            if limited:
+                lane.asking += 1  # counted from the pick: the task may not have run yet
+            task = asyncio.create_task(self._attempt(lane, *ready, limited))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(functools.partial(_free, process_slots, route_slots))
 
     async def _take(
         self, lane: Lane, loop: asyncio.AbstractEventLoop, process_slots: asyncio.Semaphore
-    ) -> Due | None:
-        """The next hint whose time has come, with one of the process's slots held for
-        it. The slot is taken only once a hint is ready: a lane waiting for a far-off due
-        time or a pause to end holds none, so other routes' due work is not kept waiting."""
+    ) -> tuple[float, Due] | None:
+        """The next hint that may be taken and when it was ready, with one of the
+        process's slots held for it. The slot is taken only once a hint is ready: a lane
+        waiting for a far-off due time, a pause to end or a token holds none, so other
+        routes' due work is not kept waiting."""
         while await self._ready(lane, loop):
             await process_slots.acquire()
-            if self.picking and lane.ready(loop.time()):
-                return lane.pop()
+            head = lane.head()
+            if self.picking and head is not None and lane.ready(loop.time()):
+                return head[0], lane.pop()
             process_slots.release()  # taken or dropped while this lane waited for the slot
         return None
 
     async def _ready(self, lane: Lane, loop: asyncio.AbstractEventLoop) -> bool:
-        """Once a hint's time has come, waiting on the notices and its timer (False:
-        stopped picking)."""
+        """Once a hint may be taken (`Lane.ready`), waiting on the notices and the
+        timers: the head's due time, and while the route is paused or its rate limit
+        has no token (`Lane.held_until`, set by `_gate` and `_token`) that time alone,
+        with no store call. While the limit binds (`Lane.one_ask_until`), one token ask
+        at a time: a lane with `concurrency` hints ready would otherwise ask for that
+        many tokens where one is there; its answer wakes the lane. False: stopped
+        picking."""
         while self.picking:
             lane.wake.clear()
             head = lane.head()
             now = loop.time()
-            ready_at = max(head[0], lane.held_until) if head is not None else None
-            if ready_at is not None and ready_at <= now:
+            if lane.ready(now):
                 return True
-            timeout = ready_at - now if ready_at is not None else None
+            timeout = None
+            if head is not None and max(head[0], lane.held_until) > now:
+                timeout = max(head[0], lane.held_until) - now
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await lane.wake.wait()
@@ -327,11 +362,56 @@ class DeliveryWorker:
         elif move.move == "answered" and before is not None and before.paused and not state.paused:
             log.warning("route %s resumed: a probe was answered", route.name)
 
-    async def _attempt(self, lane: Lane, due: Due) -> None:
+    async def _token(self, lane: Lane, ready_at: float, due: Due) -> bool:
+        """A token of the route's rate limit before the pick, so a delivery without one
+        is never leased and never counts as an attempt. Asked in the attempt's task,
+        not the lane's loop, so the lane picks the next hint meanwhile. Without one,
+        the hint goes back to its place in due order, the lane picks nothing until the
+        store's next token, and then asks for one token at a time while the limit
+        binds."""
+        try:
+            wait = await self._take_token(lane.route)
+        finally:
+            lane.asked()
+        if wait > 0.0:
+            now = asyncio.get_running_loop().time()
+            lane.held_until = max(lane.held_until, now + wait)
+            lane.one_ask_until = lane.held_until + ONE_ASK
+            lane.push(ready_at, next(self._seq), due)
+            return False
+        return True
+
+    async def _take_token(self, route: Route) -> float:
+        """0.0 once a token of the route's rate limit is taken (or it has none), else
+        the seconds to wait for one; a store that fails holds the lane back a while."""
+        name = route.delivery.limit_name(route.name)
+        if name is None or route.delivery.rate is None:
+            return 0.0
+        try:
+            wait = await self.store.take_token(name, route.delivery.rate, route.delivery.burst)
+        except StoreError as exc:
+            log.warning(
+                "rate limit of %s failed (%s); again in %gs", route.name, exc, STORE_BACKOFF[1]
+            )
+            return STORE_BACKOFF[1]
+        if wait > 0.0:
+            self.engine.metrics.rate_limited.labels(route.name, "delivery").inc()
+        return wait
+
+    async def _attempt(self, lane: Lane, ready_at: float, due: Due, limited: bool) -> None:
         route = lane.route
-        verdict, before = await self._gate(lane)
-        if verdict == "closed":  # never sent: it counts as no attempt
-            lane.push(asyncio.get_running_loop().time(), next(self._seq), due)
+        try:
+            verdict, before = await self._gate(lane)
+        except BaseException:
+            if limited:
+                lane.asked()
+            raise
+        if verdict == "closed":  # never sent: it counts as no attempt, nor takes a token
+            if limited:
+                lane.asked()
+            lane.push(ready_at, next(self._seq), due)
+            return
+        if limited and not await self._token(lane, ready_at, due):
             return
         failures = 0
         # One run id for the attempt, kept when its pick is tried again after a store

@@ -459,6 +459,17 @@ class Store(OperatorRoster, RoutePauses):
         counts the store keeps and the due indexes' heads: O(routes) (Redis: x
         buckets), never O(records)."""
 
+    @abc.abstractmethod
+    async def take_token(self, name: str, per_second: float, burst: int) -> float:
+        """Take a token from the rate limit `name` (store/rate.py): `per_second`
+        tokens a second, at most `burst` at once after a quiet spell. One atomic step
+        on the store's clock, shared by every process on the store (Redis: a script;
+        PostgreSQL: one function call; SQLite: one operation; memory: this process).
+        Returns 0.0 if a token was taken, else the seconds until one will be there
+        (nothing taken, nothing changed). Over any span t, at most per_second x t +
+        burst takes succeed, whoever asks. Every caller of one name gives the same
+        rate and burst. Raises StoreError if the store does not answer."""
+
     # -- the sweep and the reconciler -----------------------------------------------
 
     @abc.abstractmethod

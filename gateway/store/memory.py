@@ -39,6 +39,7 @@ from gateway.records import (
     history_event,
     is_success,
 )
+from gateway.store import rate
 from gateway.store.base import (
     Accepted,
     CheckResult,
@@ -85,6 +86,7 @@ class MemoryStore(Store):
         super().__init__(codec)
         self._roster = MemoryRoster()
         self._pauses: dict[str, PauseState] = {}
+        self._rates: dict[str, float] = {}  # name -> its bucket's tat (store/rate.py)
         self._records: dict[str, Record] = {}
         self._requests: dict[str, bytes] = {}
         self._tokens: dict[str, bytes] = {}
@@ -811,6 +813,13 @@ class MemoryStore(Store):
         state, verdict = apply_move(self._pauses.get(route, PauseState(route)), move, now_ms())
         self._pauses[route] = state
         return state, verdict
+
+    # -- rate limits ---------------------------------------------------------------
+
+    async def take_token(self, name: str, per_second: float, burst: int) -> float:
+        tat, wait = rate.take(self._rates.get(name, 0.0), time.time_ns() / 1e6, per_second, burst)
+        self._rates[name] = tat
+        return wait
 
     # -- the operator roster: its own part ------------------------------------------
 

@@ -18,6 +18,9 @@ none`. Each run, in this order:
            so nothing is delivered while it accepts): 202s per second
   deliver  then a delivering gateway (`max_deliveries: 64`) is started on what
            `accept` left queued: jobs per second from the first pick to depth 0
+  rated    (`--rate`, default 1000000/s with a burst of 1000, far above the load) the
+           async route with `delivery.rate`: accept for as long again, then deliver,
+           as above; the ratio to `deliver` is what taking a token costs a delivery
 
 The ratios are taken per run and the table shows their medians: accepted / replayed
 requests per second (the target >= 0.8; the replays of `same`), accepted /
@@ -39,13 +42,15 @@ phase (the accept ratios only, in half the time).
 
 `--extras commands` (default): Redis round trips per accepted request, per delivery and
 per sync first request (MONITOR, EVALSHA by script name; the queue watch's reads and
-other background commands set aside), over `--commands-n` requests.
+other background commands set aside), over `--commands-n` requests; and per delivery
+with `--rate` (its token: one EVALSHA of lua/rate.lua).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -103,7 +108,8 @@ class Site:
     upstream_port: int = 0
     scripts: dict[str, str] = field(default_factory=dict)
 
-    def config(self, port: int, max_deliveries: int) -> Path:
+    def config(self, port: int, max_deliveries: int, rate: str = "") -> Path:
+        limit = f", rate: {rate}, burst: {self.args.burst}" if rate else ""
         text = f"""\
 server: {{listen: "{h.HOST}:{port}", shutdown_grace: 1s, max_deliveries: {max_deliveries}}}
 admin: {{listen: "{h.HOST}:{h.free_port()}"}}
@@ -119,7 +125,7 @@ routes:
     upstream: http://{h.HOST}:{self.upstream_port}
     key: {{header: Idempotency-Key}}
     fingerprint: none
-    delivery: {{mode: async, concurrency: 32, max_queued: 10000000}}
+    delivery: {{mode: async, concurrency: 32, max_queued: 10000000{limit}}}
     on_unknown_outcome: park
 """
         path = self.work_dir / f"gateway-{port}.yaml"
@@ -127,7 +133,9 @@ routes:
         return path
 
     @contextlib.contextmanager
-    def gateway(self, tag: str, max_deliveries: int, src: Path = REPO) -> Iterator[tuple[int, Any]]:
+    def gateway(
+        self, tag: str, max_deliveries: int, src: Path = REPO, rate: str = ""
+    ) -> Iterator[tuple[int, Any]]:
         port = h.free_port()
         argv = [
             sys.executable,
@@ -135,7 +143,7 @@ routes:
             "gateway",
             "run",
             "--config",
-            str(self.config(port, max_deliveries)),
+            str(self.config(port, max_deliveries, rate)),
         ]
         argv += ["--log-level", "WARNING"]
         env = h.gateway_env()
@@ -161,10 +169,12 @@ routes:
         return h.run_wrk(self.wrk, cpu, self.args.connections, duration, script, port, path, args)
 
     def depth(self) -> int:
+        """Queued plus retrying deliveries of the async route: its due indexes' sizes."""
         client = self.redis.clients[0]
         pipe = client.pipeline(transaction=False)
         for b in range(64):
-            pipe.hget(f"{PREFIX}{{{b:02x}}}:qr", ROUTE)
+            for state in ("queued", "retrying"):
+                pipe.zcard(f"{PREFIX}{{{b:02x}}}:i:{state}:{ROUTE}")
         return sum(int(v or 0) for v in pipe.execute())
 
 
@@ -220,11 +230,32 @@ def measure(site: Site, run: int, src: Path = REPO) -> Run:
         out.rps["deliver"] = out.cpu_us["deliver"] = out.redis_us["deliver"] = 0.0
         out.errors["deliver"] = 0
         return out
-    with site.gateway(f"delivering-{run}-{src.name}", 64, src) as (port, proc):
+    drain(site, out, "deliver", out.queued, f"delivering-{run}-{src.name}", src)
+    if site.args.rate:
+        with site.gateway(f"accepting-rated-{run}-{src.name}", 0, src, site.args.rate) as (
+            port,
+            _,
+        ):
+            site.redis.clients[0].flushdb()
+            tag = f"r{run}rated{os.urandom(2).hex()}"
+            site.wrk_run(port, ASYNC_PATH, "unique", d, tag)
+        queued = site.depth()
+        tag = f"delivering-rated-{run}-{src.name}"
+        drain(site, out, "rated", queued, tag, src, site.args.rate)
+    return out
+
+
+def drain(
+    site: Site, out: Run, name: str, queued: int, tag: str, src: Path, rate: str = ""
+) -> None:
+    """A delivering gateway on the `queued` deliveries: jobs per second from its first
+    pick to depth 0, and its and Redis's CPU per job, as `out`'s `name`."""
+    redis = [site.redis.proc.pid]
+    with site.gateway(tag, 64, src, rate) as (_port, proc):
         pids = h.group_pids(proc.pid)
         cpu = h.cpu_seconds(pids)
         deadline = time.monotonic() + 600
-        while (depth := site.depth()) >= out.queued and time.monotonic() < deadline:
+        while (depth := site.depth()) >= queued and time.monotonic() < deadline:
             time.sleep(0.005)
         first, first_depth = time.monotonic(), depth
         cpu, redis_cpu = h.cpu_seconds(pids), h.cpu_seconds(redis)
@@ -232,11 +263,10 @@ def measure(site: Site, run: int, src: Path = REPO) -> Run:
             time.sleep(0.02)
             depth = site.depth()
         elapsed = time.monotonic() - first
-        out.rps["deliver"] = first_depth / elapsed if elapsed > 0 else 0.0
-        out.cpu_us["deliver"] = (h.cpu_seconds(pids) - cpu) * 1e6 / max(first_depth, 1)
-        out.redis_us["deliver"] = (h.cpu_seconds(redis) - redis_cpu) * 1e6 / max(first_depth, 1)
-        out.errors["deliver"] = depth
-    return out
+        out.rps[name] = first_depth / elapsed if elapsed > 0 else 0.0
+        out.cpu_us[name] = (h.cpu_seconds(pids) - cpu) * 1e6 / max(first_depth, 1)
+        out.redis_us[name] = (h.cpu_seconds(redis) - redis_cpu) * 1e6 / max(first_depth, 1)
+        out.errors[name] = depth
 
 
 def commands(site: Site, n: int) -> dict[str, Any]:
@@ -260,14 +290,27 @@ def commands(site: Site, n: int) -> dict[str, Any]:
             while site.depth() > 0 and time.monotonic() < deadline:
                 time.sleep(0.05)
     found["delivery"] = per(mon.lines(), site.scripts, n, skip_ready=True)
+    if site.args.rate:
+        with site.gateway("cmd-accepting-rated", 0, rate=site.args.rate) as (port, _):
+            client = bg.Client(port)
+            tag = os.urandom(4).hex()
+            for i in range(n):
+                status, _ = client.post(f"{tag}-{i}", ASYNC_PATH)
+                assert status == 202, status
+        with bg.Monitor(shim, "monitor-deliver-rated") as mon:
+            with site.gateway("cmd-delivering-rated", 64, rate=site.args.rate):
+                deadline = time.monotonic() + 60
+                while site.depth() > 0 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        found["delivery with delivery.rate"] = per(mon.lines(), site.scripts, n, skip_ready=True)
     return found
 
 
 def per(
     lines: list[str], scripts: dict[str, str], n: int, skip_ready: bool = False
 ) -> dict[str, Any]:
-    # The benchmark's own depth polls (HGET of the qr hashes) are not the gateway's.
-    lines = [line for line in lines if not ('"HGET"' in line and ':qr"' in line)]
+    # The benchmark's own depth polls (ZCARD of the due indexes) are not the gateway's.
+    lines = [line for line in lines if not ('"ZCARD"' in line and ":i:" in line)]
     parsed = bg.parse_monitor(lines, scripts)
     top: Counter[str] = Counter()
     for cmd, count in parsed["round_trips"].items():
@@ -299,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-deliver", action="store_true", help="no delivering phase")
     p.add_argument("--layout", choices=sorted(LAYOUTS), default="shared")
     p.add_argument("--slices", type=int, default=1, help="same and accept take turns")
+    p.add_argument("--rate", default="1000000/s", help='delivery.rate of "rated" ("": none)')
+    p.add_argument("--burst", type=int, default=1000, help="delivery.burst of rated")
     args = p.parse_args(argv)
     if args.quick:
         args.runs, args.duration, args.commands_n = 1, 4.0, 100
@@ -315,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
             redis = bg.RedisServer(procs, cpus["redis"], work_dir)
             site = Site(args, procs, redis, work_dir, wrk)
             site.scripts = bg.lua_script_names(REPO)
+            rate_lua = REPO / "gateway" / "store" / "redis" / "lua" / "rate.lua"
+            site.scripts[hashlib.sha1(rate_lua.read_bytes()).hexdigest()] = "rate"  # alone
             site.upstream_port = h.free_port()
             h.start_upstream(procs, site.upstream_port, cpus["redis"], SYNC_PATH, DEFAULT_BODY)
             trees = [REPO, *([Path(args.baseline_src).resolve()] if args.baseline_src else [])]
@@ -386,8 +433,11 @@ def report(runs: list[Run], extras: dict[str, Any]) -> None:
         "replay": "sync replays of distinct keys",
         "accept": "async: accepted (202), nothing delivered",
         "deliver": f"async: delivered, {h.median([r.queued for r in runs]):,.0f} queued",
+        "rated": "async: delivered, with delivery.rate far above the load",
     }
     for name, label in labels.items():
+        if name not in runs[0].rps:
+            continue
         errors = sum(r.errors[name] for r in runs)
         cpu, redis_cpu = med(name, "cpu_us"), med(name, "redis_us")
         print(f"| {label} | {h.fmt_int(med(name))} | {cpu:.0f} | {redis_cpu:.0f} | {errors} |")
@@ -403,6 +453,9 @@ def report(runs: list[Run], extras: dict[str, Any]) -> None:
     print(f"| accepted / replays of distinct keys req/s | {ratio('accept', 'replay')} | |")
     print(f"| delivered jobs/s / sync first requests/s | {ratio('deliver', 'unique')} | >= 0.8 |")
     print(f"| gateway CPU per replay / per accept | {ratio('same', 'accept', 'cpu_us')} | |")
+    if "rated" in runs[0].rps:
+        rated = ratio("rated", "deliver")
+        print(f"| delivered jobs/s with delivery.rate / without | {rated} | >= 0.9 |")
     if extras:
         print()
         print("| Redis round trips | per request | by command |")

@@ -246,7 +246,7 @@ class Wrk:
 
 def lua_script_names(src: Path) -> dict[str, str]:
     """sha1 -> script name, computed the way gateway/store/redis/store.py builds its scripts."""
-    lua = src / "gateway" / "store" / "lua"
+    lua = src / "gateway" / "store" / "redis" / "lua"
     lib = (lua / "_lib.lua").read_text()
     names = {}
     for path in sorted(lua.glob("*.lua")):

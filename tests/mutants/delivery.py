@@ -269,15 +269,17 @@ MUTANTS += [
         path="gateway/delivery/worker.py",
         old="""        while await self._ready(lane, loop):
             await process_slots.acquire()
-            if self.picking and lane.ready(loop.time()):
-                return lane.pop()
+            head = lane.head()
+            if self.picking and head is not None and lane.ready(loop.time()):
+                return head[0], lane.pop()
             process_slots.release()  # taken or dropped while this lane waited for the slot
         return None
 """,
         new="""        await process_slots.acquire()
         while await self._ready(lane, loop):
-            if self.picking and lane.ready(loop.time()):
-                return lane.pop()
+            head = lane.head()
+            if self.picking and head is not None and lane.ready(loop.time()):
+                return head[0], lane.pop()
         process_slots.release()
         return None
 """,

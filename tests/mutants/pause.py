@@ -16,7 +16,8 @@ MUTANTS = [
     Mutant(
         name="paused-attempt-counted",
         path="gateway/delivery/worker.py",
-        old='        if verdict == "closed":  # never sent: it counts as no attempt\n',
+        old='        if verdict == "closed":  # never sent: it counts as no attempt, '
+        "nor takes a token\n",
         new="        if False:\n",
         tests=(AUTO_PAUSE, MANUAL_PAUSE),
         breaks="a paused route's deliveries are attempted all the same, using up their "

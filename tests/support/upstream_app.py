@@ -17,7 +17,8 @@ the gateway forwards, else the body's `job_key`), and behaves as the request ask
 GET /_count?key=K         how often K ran (?of=status: how often its status was asked;
                           ?of=sent: how many of its responses were sent in full)
 GET /_counts?prefix=P     every key starting with P: how often it ran, and the statuses
-                          its runs answered (a run that answered 5xx was released)
+                          its runs answered (a run that answered 5xx was released), and
+                          when each run arrived (this process's time.time())
 POST /_release            {"key": K}: let K's held requests (and later ones) answer
 GET /_status/{key}        the reconcile endpoint, like a real one: 202 while K runs,
                           200 once it ran, 404 if it never did; unless overridden by
@@ -47,6 +48,7 @@ statuses: dict[str, tuple[int, float]] = {}
 answers: dict[str, Counter[int]] = {}
 sent: Counter[str] = Counter()
 holds: dict[str, asyncio.Event] = {}
+arrivals: dict[str, list[float]] = {}
 
 
 def _key(request: Request, body: bytes) -> str:
@@ -66,6 +68,7 @@ async def job(request: Request) -> Response:
     received_at = time.time()
     body = await request.body()
     key = _key(request, body)
+    arrivals.setdefault(key, []).append(time.time())
     counts[key] += 1
     run = counts[key]
     q = request.query_params
@@ -143,6 +146,7 @@ async def all_counts(request: Request) -> Response:
                 for k, by_status in answers.items()
                 if k.startswith(prefix)
             },
+            "arrivals": {k: at for k, at in arrivals.items() if k.startswith(prefix)},
         }
     )
 

@@ -63,6 +63,7 @@ from gateway.store.postgres.pauses import PostgresPauses
 from gateway.store.postgres.roster import PostgresRoster
 from gateway.store.postgres.rows import RecordRows
 from gateway.store.postgres.schema import SchemaError, check
+from gateway.store.rate import interval_ms
 from gateway.store.transfer import EXPORT_PAGE, ExportedRecord, ExportPage
 
 log = logging.getLogger("gateway.store")
@@ -528,6 +529,18 @@ class PostgresStore(PartsStore):
     async def holds_keys(self) -> bool:
         row = await self.db.fetchrow("holds")
         return bool(row is not None and row["held"])
+
+    # -- rate limits ---------------------------------------------------------------
+
+    async def take_token(self, name: str, per_second: float, burst: int) -> float:
+        step = interval_ms(per_second)
+        wait = await self.db.call(
+            lambda conn: conn.fetchval(
+                "SELECT gateway_take_token($1, $2, $3, $4)", self.prefix, name, step, burst
+            ),
+            "rate limit",
+        )
+        return float(wait)
 
     # -- the parts' operations ------------------------------------------------------
 

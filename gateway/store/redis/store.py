@@ -47,6 +47,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Collection, Sequence
+from importlib import resources
 from typing import Any
 
 from redis.commands.core import AsyncScript
@@ -71,6 +72,7 @@ from gateway.store.base import (
     codec_for,
     duration_ms,
 )
+from gateway.store.rate import interval_ms
 from gateway.store.redis.admission import ClusterAdmission, admission_key
 from gateway.store.redis.delivery import RedisDeliveries, attempt_json
 from gateway.store.redis.info import read_info, report
@@ -92,6 +94,11 @@ log = logging.getLogger("gateway.store")
 ROUTE_INDEXES = ("unresolved", "parked", "claimed", "queued", "retrying")
 
 __all__ = ["BUCKETS", "RedisStore"]
+
+
+def rate_source() -> str:
+    """lua/rate.lua, run alone: a bucket is no record's, so it is not a record script."""
+    return (resources.files("gateway.store.redis") / "lua" / "rate.lua").read_text()
 
 
 class RedisStore(PartsStore):
@@ -122,6 +129,8 @@ class RedisStore(PartsStore):
         self._channels = [tag + "c" for tag in self._tags]
         self._due_channels = [tag + "d" for tag in self._tags]  # _lib.lua's due_notice
         self._markers = [tag + "m" for tag in self._tags]
+        # lua/rate.lua runs alone (no record's), over the same connection as the rest.
+        self._scripts["rate"] = self.client.register_script(rate_source())
         self._commands = ScriptCommands(self._scripts, self._layout, self.prefix)
         self._cluster_scripts = SharedLoads(self.client) if self.cluster else None
         #: on a Cluster, the route's admission marks are kept apart (redis/admission.py)
@@ -573,6 +582,14 @@ class RedisStore(PartsStore):
 
     async def queue_stats(self) -> list[QueueStat]:
         return await self.listing.queue_stats()
+
+    # -- rate limits ---------------------------------------------------------------
+
+    async def take_token(self, name: str, per_second: float, burst: int) -> float:
+        # One key per bucket, its own hash tag: on a Cluster, the node that owns it.
+        key = f"{self.prefix}{{rate:{name}}}"
+        reply = await self._run_keys("rate", [key], [repr(interval_ms(per_second)), burst])
+        return float(text(reply)) / 1000.0
 
     # -- copying to another store --------------------------------------------------
 

@@ -44,6 +44,7 @@ from gateway.records import (
     history_event,
     is_success,
 )
+from gateway.store import rate
 from gateway.store.base import (
     CheckResult,
     ExpiredPolicy,
@@ -621,6 +622,22 @@ class SqliteStore(PartsStore):
             return skipped
 
         return await self.run(op, "import")
+
+    async def take_token(self, name: str, per_second: float, burst: int) -> float:
+        def op(conn: sqlite3.Connection, now: int, fx: Effects) -> float:
+            row = conn.execute(
+                "SELECT tat_ms FROM gateway_rates WHERE name = ?", (name,)
+            ).fetchone()
+            tat, wait = rate.take(row[0] if row is not None else 0.0, now, per_second, burst)
+            if wait == 0.0:
+                conn.execute(
+                    "INSERT INTO gateway_rates (name, tat_ms) VALUES (?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET tat_ms = excluded.tat_ms",
+                    (name, tat),
+                )
+            return wait
+
+        return await self.run(op, "rate limit")
 
     async def holds_keys(self) -> bool:
         def op(conn: sqlite3.Connection, now: int, fx: Effects) -> bool:
