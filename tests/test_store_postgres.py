@@ -22,7 +22,7 @@ from gateway.config import StoreConfig
 from gateway.errors import StoreError
 from gateway.records import KeyRef, Record, State, StoredRequest, StoredResponse
 from gateway.store.base import CheckResult, NewDelivery
-from gateway.store.pages import Cursor
+from gateway.store.pages import Cursor, Match
 from gateway.store.postgres import REAP_LOCK, PostgresStore
 from gateway.store.postgres.schema import VERSION, migrations
 from tests.conftest import GatewayClient, config_for, migrate_database, unique, upstream_count
@@ -504,7 +504,7 @@ async def test_a_page_and_the_counts_read_a_page_of_50000_parked_rows(
     assert len(first.records) == len(middle.records) == 100
     pairs = [(State.PARKED, "charge"), (State.PARKED, "refund")]
     for start in (None, Cursor.decode(first.next)):
-        sql, args = store.listing._page_query(pairs, False, None, 0.0, start, 101)
+        sql, args = store.listing._page_query(pairs, False, None, 0.0, Match(), start, 101)
         assert await _explained(store, sql, *args) <= 2 * 101, sql
     assert await _explained(store, store.db.statements["stats"]) <= 10
     assert await _explained(store, store.db.statements["queue_stats"]) <= 10
