@@ -124,7 +124,10 @@ MUTANTS = [
         old="                    self.engine, route, due.ref, self.replica, run_id, "
         'verdict == "probe"\n',
         new="                    self.engine, route, due.ref, self.replica, run_id, False\n",
-        tests=(LONG_PAUSE,),
+        tests=(
+            LONG_PAUSE,
+            "tests/test_delivery.py::test_a_refused_probe_is_not_an_attempt_of_its_delivery[memory]",
+        ),
         breaks="a refused probe uses up an attempt of its delivery: an outage longer than "
         "retry.attempts probes parks it for exhaustion",
     ),
