@@ -1056,6 +1056,26 @@ async def test_a_refused_probe_is_not_an_attempt_of_its_delivery(gateway_for: Bu
     assert runs[1]["detail"], runs
 
 
+async def test_a_probe_answered_with_a_status_not_cached_is_an_attempt(gateway_for: Build) -> None:
+    """Only a refused probe gives its attempt back: one answered (a 408, not cached)
+    resumes the route and counts, so its delivery is parked after its two attempts."""
+    route = async_route(
+        retry={"attempts": 2, "backoff": "50ms"},
+        delivery={"mode": "async", "pause_after": 1, "probe_every": "100ms"},
+    )
+    gw = await gateway_for([route])
+    assert (await send(gw, unique("refused"), "status=503")).status_code == 202
+    deadline = time.monotonic() + 5
+    while not (await gw.gateway.store.route_pause(ROUTE)).paused:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    answered = unique("answered")
+    assert (await send(gw, answered, "status=408")).status_code == 202
+    record = await wait_for_state(gw, answered, State.PARKED)
+    assert len(events(record, "attempt")) == 2, record.history
+    assert record.attempts == 2
+
+
 async def test_the_pause_counts_refusals_not_unknown_outcomes_and_an_answer_resets_it(
     gateway_for: Build,
 ) -> None:

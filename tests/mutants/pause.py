@@ -132,6 +132,18 @@ MUTANTS = [
         "retry.attempts probes parks it for exhaustion",
     ),
     Mutant(
+        name="answered-probe-uncounted",
+        path="gateway/delivery/attempt.py",
+        old="        uncounted = self.probe and refused(response)\n",
+        new="        uncounted = self.probe\n",
+        tests=(
+            "tests/test_delivery.py::"
+            "test_a_probe_answered_with_a_status_not_cached_is_an_attempt[memory]",
+        ),
+        breaks="a probe the upstream answered with a status not cached gives its attempt "
+        "back: the delivery is attempted more often than retry.attempts",
+    ),
+    Mutant(
         name="memory-uncounted-ignored",
         path="gateway/store/memory.py",
         old="        attempts = max(0, record.attempts - 1) if uncounted else record.attempts\n",
