@@ -1025,6 +1025,57 @@ async def test_a_pick_whose_reply_was_lost_is_found_by_its_repeat(upstream: Proc
 # -- what an attempt says of the upstream, for the route's pause ---------------------------
 
 
+async def test_a_refused_probe_is_not_an_attempt_of_its_delivery(gateway_for: Build) -> None:
+    """Paused after one refusal, with two attempts allowed: each refused probe gives its
+    attempt back, so many probes park nothing; its history says the probe was refused,
+    and the delivery's runs read it."""
+    route = async_route(
+        retry={"attempts": 2, "backoff": "50ms"},
+        delivery={"mode": "async", "pause_after": 1, "probe_every": "100ms"},
+    )
+    gw = await gateway_for([route])
+    key = unique("probed")
+    assert (await send(gw, key, "status=503")).status_code == 202
+    deadline = time.monotonic() + 10
+    probes: list[dict[str, Any]] = []
+    while len(probes) < 4:  # more probes than attempts allowed
+        assert time.monotonic() < deadline, await record_of(gw, key)
+        await asyncio.sleep(0.05)
+        record = await record_of(gw, key)
+        assert record is not None and record.state is not State.PARKED, record
+        probes = [
+            e
+            for e in events(record, "retry_scheduled")
+            if e.get("attempt", {}).get("result") == "probe_refused"
+        ]
+    assert (await gw.gateway.store.route_pause(ROUTE)).paused
+    assert record.attempts in (1, 2)  # the first attempt's, and a probe's while in flight
+    assert probes[0]["attempt"]["status"] == 503
+    runs = record.to_json()["delivery"]["runs"]
+    assert runs[1]["outcome"] == "retry_scheduled" and runs[1]["status"] == 503, runs
+    assert runs[1]["detail"], runs
+
+
+async def test_a_probe_answered_with_a_status_not_cached_is_an_attempt(gateway_for: Build) -> None:
+    """Only a refused probe gives its attempt back: one answered (a 408, not cached)
+    resumes the route and counts, so its delivery is parked after its two attempts."""
+    route = async_route(
+        retry={"attempts": 2, "backoff": "50ms"},
+        delivery={"mode": "async", "pause_after": 1, "probe_every": "100ms"},
+    )
+    gw = await gateway_for([route])
+    assert (await send(gw, unique("refused"), "status=503")).status_code == 202
+    deadline = time.monotonic() + 5
+    while not (await gw.gateway.store.route_pause(ROUTE)).paused:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    answered = unique("answered")
+    assert (await send(gw, answered, "status=408")).status_code == 202
+    record = await wait_for_state(gw, answered, State.PARKED)
+    assert len(events(record, "attempt")) == 2, record.history
+    assert record.attempts == 2
+
+
 async def test_the_pause_counts_refusals_not_unknown_outcomes_and_an_answer_resets_it(
     gateway_for: Build,
 ) -> None:

@@ -250,11 +250,6 @@ async def test_an_operator_pauses_and_resumes_a_route_through_the_cli_and_the_ap
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a refused probe counts as an attempt of its delivery: over an outage longer "
-    "than retry.attempts probes, the probed delivery is parked for exhaustion",
-)
 async def test_a_long_pause_parks_nothing_for_exhaustion(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:

@@ -856,6 +856,33 @@ async def test_retried_delivery_is_due_again_and_picked(store: Store) -> None:
     assert [e["event"] for e in again.record.history] == ["attempt", "retry_scheduled", "attempt"]
 
 
+async def test_an_uncounted_retry_gives_back_the_attempt_its_pick_counted(store: Store) -> None:
+    """A paused route's refused probe is not an attempt of its delivery: retrying, its
+    attempts down by one, so one attempt allowed and only probes made, it is never
+    parked for exhaustion."""
+    probe = {"result": "probe_refused", "status": 503}
+    r = await accepted(store)
+    first = await picked(store, r, max_attempts=1)
+    assert first.record is not None and first.record.attempts == 1
+    assert await store.retry_later(r, "run-1", 0, probe, uncounted=True)
+    assert await store.retry_later(r, "run-1", 0, probe, uncounted=True)  # repeated: once
+    record = await store.get(r)
+    assert record is not None and record.state is State.RETRYING and record.attempts == 0
+    assert record.last_attempt == probe
+    assert [e["event"] for e in record.history] == ["attempt", "retry_scheduled"]
+    [stat] = await store.queue_stats()
+    assert (stat.queued, stat.retrying) == (0, 1)
+    again = await picked(store, r, "run-2", max_attempts=1)
+    assert again.record is not None and again.record.attempts == 1, again
+    assert await store.retry_later(r, "run-2", 0, probe, uncounted=True)
+    third = await picked(store, r, "run-3", max_attempts=1)
+    assert third.record is not None and third.record.attempts == 1, third
+    # A counted retry after it keeps its attempt: the next pick is over the limit.
+    assert await store.retry_later(r, "run-3", 0, ATTEMPT)
+    over = await picked(store, r, "run-4", max_attempts=1)
+    assert over.record is None and over.why == "exhausted", over
+
+
 async def test_retry_later_without_delay_parks_with_the_reason(store: Store) -> None:
     r = await accepted(store)
     await picked(store, r)

@@ -106,9 +106,10 @@ class DeliveryConfig(Section):
     pause_after: Annotated[int, Whole(0, 1000)] = 0
     """Attempts in a row, over all replicas, refused or never sent (the connection
     refused or failed, a 5xx, a 429) after which the route pauses: no delivery is
-    attempted but one probe every `probe_every` (a real attempt of that delivery, which
-    counts as one: none other uses up an attempt or is parked for it), and the first
-    probe the upstream answers resumes the route.
+    attempted but one probe every `probe_every` (a real attempt of that delivery), and
+    the first probe the upstream answers resumes the route. While paused nothing uses
+    up an attempt or is parked for exhaustion: a probe refused or never sent is not
+    counted as one of its delivery's attempts, which is due again after `probe_every`.
     An unknown outcome (sent, then no answer) leaves the count as it is. 0: never."""
     probe_every: Duration = 30.0
     """While the route is paused by `pause_after`, how often one delivery is attempted

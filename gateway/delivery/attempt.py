@@ -59,6 +59,7 @@ class DeliverySettlement:
         "attempts",
         "engine",
         "error",
+        "probe",
         "ref",
         "replica",
         "result",
@@ -68,10 +69,17 @@ class DeliverySettlement:
     )
 
     def __init__(
-        self, engine: Engine, route: Route, ref: KeyRef, run_id: str, attempts: int, replica: str
+        self,
+        engine: Engine,
+        route: Route,
+        ref: KeyRef,
+        run_id: str,
+        attempts: int,
+        replica: str,
+        probe: bool = False,
     ) -> None:
         self.engine, self.route, self.ref, self.run_id = engine, route, ref, run_id
-        self.attempts, self.replica = attempts, replica
+        self.attempts, self.replica, self.probe = attempts, replica, probe
         self.result = ""
         self.upstream = self.error = ""
 
@@ -89,9 +97,17 @@ class DeliverySettlement:
         if response is not None:
             value = next((v for n, v in response.headers if n.lower() == "retry-after"), None)
             retry_after = parse_retry_after(value, time.time())
-        delay = plan(self.route, self.attempts, retry_after)
+        # A paused route's probe that was refused or never sent is not an attempt of
+        # the delivery it took: an outage longer than its attempts parks nothing.
+        uncounted = self.probe and refused(response)
+        if uncounted:
+            delay: float | None = self.route.delivery.probe_every
+            result = "probe_refused"
+        else:
+            delay = plan(self.route, self.attempts, retry_after)
+            result = "retry_scheduled" if delay is not None else "exhausted"
         attempt: dict[str, Any] = {
-            "result": "retry_scheduled" if delay is not None else "exhausted",
+            "result": result,
             "status": response.status if response is not None else None,
             "error": reason,
             "retry_after": retry_after,
@@ -99,18 +115,19 @@ class DeliverySettlement:
         if delay is None:
             attempt["reason"] = f"attempts exhausted ({self.attempts}); last: {reason}"
         change = self.engine.store.retry_later(
-            self.ref, self.run_id, delay, attempt, origin=self.replica
+            self.ref, self.run_id, delay, attempt, origin=self.replica, uncounted=uncounted
         )
         await settle_change(change, self.ref, "schedule a retry of")
         log.info(
-            "delivery %s key %r attempt %d: %s -> %s",
+            "delivery %s key %r %s %d: %s -> %s",
             self.route.name,
             self.ref.key,
+            "probe, not counted, of attempt" if uncounted else "attempt",
             self.attempts,
             reason,
             f"again in {delay:.3g}s" if delay is not None else "parked, no attempt left",
         )
-        self.result = str(attempt["result"])
+        self.result = "retry_scheduled" if uncounted else result
         self.upstream = "refused" if refused(response) else "answered"
         self.error = reason
 
@@ -129,14 +146,15 @@ class DeliverySettlement:
 
 
 async def attempt(
-    engine: Engine, route: Route, hint: KeyRef, replica: str, run_id: str
+    engine: Engine, route: Route, hint: KeyRef, replica: str, run_id: str, probe: bool = False
 ) -> Delivery:
     """One delivery attempt by `run_id`: pick `hint` (or, where the store can, the
     route's earliest due delivery), send its stored request through the engine's one
-    classifier, and say what happened. A pick that failed is repeated with the same
-    run id, so it finds what its first try took. An unreadable request is never sent:
-    parked. A pick the store's replicas did not confirm is never sent either: the
-    store put it back (why "unconfirmed")."""
+    classifier, and say what happened. A `probe` (of a paused route) that is refused
+    or never sent is not counted as one of the delivery's attempts. A pick that failed
+    is repeated with the same run id, so it finds what its first try took. An
+    unreadable request is never sent: parked. A pick the store's replicas did not
+    confirm is never sent either: the store put it back (why "unconfirmed")."""
     picked = await engine.store.pick(
         route.name, hint, run_id, engine.lease_for(route), route.retry.attempts, replica
     )
@@ -147,7 +165,7 @@ async def attempt(
     ref = KeyRef(record.digest, record.route, record.key)
     if record.attempts == 1 and not record.last_attempt:  # not one an operator requeued
         engine.metrics.first_attempt(route.name, picked.now_ms - record.created_ms)
-    settle = DeliverySettlement(engine, route, ref, run_id, record.attempts, replica)
+    settle = DeliverySettlement(engine, route, ref, run_id, record.attempts, replica, probe)
     try:
         request = engine.store.codec.decode_request(ref.digest, picked.request)
     except (ValueError, TypeError) as exc:  # Unreadable is one: never sent, parked

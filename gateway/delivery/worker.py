@@ -420,7 +420,9 @@ class DeliveryWorker:
         run_id = secrets.token_hex(8)
         while True:
             try:
-                result = await attempt(self.engine, route, due.ref, self.replica, run_id)
+                result = await attempt(
+                    self.engine, route, due.ref, self.replica, run_id, verdict == "probe"
+                )
                 self.engine.metrics.attempt(route.name, result.result)
                 break
             except StoreError as exc:

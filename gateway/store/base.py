@@ -430,15 +430,21 @@ class Store(OperatorRoster, RoutePauses):
         delay: float | None,
         attempt: dict[str, Any],
         origin: str = "",
+        *,
+        uncounted: bool = False,
     ) -> bool:
         """The attempt of `run_id` did not complete and may be repeated (it was never
         sent, or its status is not cached): record `attempt` (result, status, error,
         retry_after: JSON values) as the last attempt and in the history. With
         `delay`, the record becomes `retrying`, due `delay` seconds from the store's
         now, announced with `origin`; with None (no attempt left) it is parked, its
-        reason `attempt["reason"]` or "attempts exhausted". Only from `in_flight`
-        owned by `run_id` on a delivery record; the same call repeated after it took
-        effect returns True; False, changing nothing, otherwise."""
+        reason `attempt["reason"]` or "attempts exhausted". With `uncounted` (a
+        paused route's probe that was refused or never sent) the attempt is not one
+        of the delivery's: its attempts go back down by the one its pick counted
+        (never below 0), so a later pick is not parked for it; the rest is as
+        without. Only from `in_flight` owned by `run_id` on a delivery record; the
+        same call repeated after it took effect returns True (attempts changed
+        once); False, changing nothing, otherwise."""
 
     @abc.abstractmethod
     async def get_request(self, ref: KeyRef) -> StoredRequest | None:
@@ -651,6 +657,8 @@ class DeliveryPart(Protocol):
         delay: float | None,
         attempt: dict[str, Any],
         origin: str = ...,
+        *,
+        uncounted: bool = ...,
     ) -> bool: ...
 
     async def get_request(self, ref: KeyRef) -> StoredRequest | None: ...
@@ -710,8 +718,12 @@ class PartsStore(Store):
         delay: float | None,
         attempt: dict[str, Any],
         origin: str = "",
+        *,
+        uncounted: bool = False,
     ) -> bool:
-        return await self.deliveries.retry_later(ref, run_id, delay, attempt, origin)
+        return await self.deliveries.retry_later(
+            ref, run_id, delay, attempt, origin, uncounted=uncounted
+        )
 
     async def get_request(self, ref: KeyRef) -> StoredRequest | None:
         return await self.deliveries.get_request(ref)

@@ -667,6 +667,8 @@ class MemoryStore(Store):
         delay: float | None,
         attempt: dict[str, Any],
         origin: str = "",
+        *,
+        uncounted: bool = False,
     ) -> bool:
         now = now_ms()
         record = self._read(ref.digest, now)
@@ -676,6 +678,8 @@ class MemoryStore(Store):
             return True  # this very call, repeated
         if record.state is not State.IN_FLIGHT:
             return False
+        # The pick counted it; an uncounted attempt is not one of the delivery's.
+        attempts = max(0, record.attempts - 1) if uncounted else record.attempts
         if delay is not None:
             due = now + int(delay * 1000)
             event = history_event(now, "retry_scheduled", due_ms=due, attempt=attempt)
@@ -688,6 +692,7 @@ class MemoryStore(Store):
                     lease_until_ms=0,
                     due_ms=due,
                     last_attempt=attempt,
+                    attempts=attempts,
                 )
             )
             self.due.announce(Due(ref, due, now, origin))
@@ -695,7 +700,14 @@ class MemoryStore(Store):
         reason = str(attempt.get("reason") or "attempts exhausted")
         event = history_event(now, "parked", reason=reason, attempt=attempt)
         moved = self._move(
-            record, State.PARKED, now, event, lease_until_ms=0, reason=reason, last_attempt=attempt
+            record,
+            State.PARKED,
+            now,
+            event,
+            lease_until_ms=0,
+            reason=reason,
+            last_attempt=attempt,
+            attempts=attempts,
         )
         self._put(moved)
         return True

@@ -11,6 +11,8 @@ COUNTS = (
     "test_the_pause_counts_refusals_not_unknown_outcomes_and_an_answer_resets_it[memory]"
 )
 MANUAL_PAUSE = P + "test_an_operator_pauses_and_resumes_a_route_through_the_cli_and_the_api"
+LONG_PAUSE = P + "test_a_long_pause_parks_nothing_for_exhaustion"
+UNCOUNTED = "test_an_uncounted_retry_gives_back_the_attempt_its_pick_counted"
 
 MUTANTS = [
     Mutant(
@@ -115,5 +117,64 @@ MUTANTS = [
         ),
         breaks="a paused route a reload made sync cannot be resumed: what it queued is "
         "held for ever",
+    ),
+    Mutant(
+        name="probe-refusal-counted",
+        path="gateway/delivery/worker.py",
+        old="                    self.engine, route, due.ref, self.replica, run_id, "
+        'verdict == "probe"\n',
+        new="                    self.engine, route, due.ref, self.replica, run_id, False\n",
+        tests=(
+            LONG_PAUSE,
+            "tests/test_delivery.py::test_a_refused_probe_is_not_an_attempt_of_its_delivery[memory]",
+        ),
+        breaks="a refused probe uses up an attempt of its delivery: an outage longer than "
+        "retry.attempts probes parks it for exhaustion",
+    ),
+    Mutant(
+        name="answered-probe-uncounted",
+        path="gateway/delivery/attempt.py",
+        old="        uncounted = self.probe and refused(response)\n",
+        new="        uncounted = self.probe\n",
+        tests=(
+            "tests/test_delivery.py::"
+            "test_a_probe_answered_with_a_status_not_cached_is_an_attempt[memory]",
+        ),
+        breaks="a probe the upstream answered with a status not cached gives its attempt "
+        "back: the delivery is attempted more often than retry.attempts",
+    ),
+    Mutant(
+        name="memory-uncounted-ignored",
+        path="gateway/store/memory.py",
+        old="        attempts = max(0, record.attempts - 1) if uncounted else record.attempts\n",
+        new="        attempts = record.attempts\n",
+        tests=(C + UNCOUNTED + "[memory]",),
+        breaks="an uncounted retry (a refused probe) keeps its pick's attempt (memory)",
+    ),
+    Mutant(
+        name="sqlite-uncounted-ignored",
+        path="gateway/store/sqlite/delivery.py",
+        old="            attempts = max(0, record.attempts - 1) if uncounted "
+        "else record.attempts\n",
+        new="            attempts = record.attempts\n",
+        tests=(C + UNCOUNTED + "[sqlite]",),
+        breaks="an uncounted retry (a refused probe) keeps its pick's attempt (SQLite)",
+    ),
+    Mutant(
+        name="redis-uncounted-ignored",
+        path="gateway/store/redis/lua/retry.lua",
+        old="if ARGV[8] == '1' then\n",
+        new="if false then\n",
+        tests=(C + UNCOUNTED + "[redis]",),
+        breaks="an uncounted retry (a refused probe) keeps its pick's attempt (Redis)",
+    ),
+    Mutant(
+        name="pg-uncounted-ignored",
+        path="gateway/store/postgres/sql/retry.sql",
+        old="        attempts = CASE WHEN $7::boolean THEN greatest(r.attempts - 1, 0) "
+        "ELSE r.attempts END,\n",
+        new="        attempts = r.attempts,\n",
+        tests=(C + UNCOUNTED + "[postgres]",),
+        breaks="an uncounted retry (a refused probe) keeps its pick's attempt (PostgreSQL)",
     ),
 ]

@@ -209,8 +209,8 @@ MUTANTS += [
     Mutant(
         name="worker-new-run-id-per-pick-retry",
         path="gateway/delivery/worker.py",
-        old="attempt(self.engine, route, due.ref, self.replica, run_id)\n",
-        new="attempt(self.engine, route, due.ref, self.replica, secrets.token_hex(8))\n",
+        old='self.engine, route, due.ref, self.replica, run_id, verdict == "probe"\n',
+        new='self.engine, route, due.ref, self.replica, secrets.token_hex(8), verdict == "probe"\n',
         tests=("tests/test_delivery.py::test_a_pick_whose_reply_was_lost_is_found_by_its_repeat",),
         breaks="a pick retried after a store error is another run: it cannot find what its "
         "first try took, which stays in flight until its lease runs out",

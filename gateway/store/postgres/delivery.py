@@ -115,10 +115,14 @@ class PostgresDeliveries:
         delay: float | None,
         attempt: dict[str, Any],
         origin: str = "",
+        *,
+        uncounted: bool = False,
     ) -> bool:
         delay_ms = None if delay is None else max(0, int(delay * 1000))
         reason = str(attempt.get("reason") or "attempts exhausted")
-        row = await self.db.fetchrow("retry", ref.digest, run_id, delay_ms, attempt, origin, reason)
+        row = await self.db.fetchrow(
+            "retry", ref.digest, run_id, delay_ms, attempt, origin, reason, uncounted
+        )
         return bool(row is not None and row["ok"])
 
     async def get_request(self, ref: KeyRef) -> StoredRequest | None:

@@ -232,11 +232,22 @@ class RedisDeliveries:
         delay: float | None,
         attempt: dict[str, Any],
         origin: str = "",
+        *,
+        uncounted: bool = False,
     ) -> bool:
         delay_ms = "" if delay is None else str(max(0, int(delay * 1000)))
         reason = str(attempt.get("reason") or "attempts exhausted")
         done = bool(
-            await self._run("retry", ref, run_id, delay_ms, attempt_json(attempt), origin, reason)
+            await self._run(
+                "retry",
+                ref,
+                run_id,
+                delay_ms,
+                attempt_json(attempt),
+                origin,
+                reason,
+                "1" if uncounted else "",
+            )
         )
         if done and delay is not None and self.admission is not None:
             await self.admission.mark(ref.route, ref.digest)  # it waits again

@@ -132,10 +132,10 @@ FIELDS: dict[str, Field] = {
         "delivery",
     ),
     "n": Field(
-        "delivery attempts started (pick counts them, a pick put back unsent does not; "
-        "an operator's retry starts again)",
+        "delivery attempts started (pick counts them; a pick put back unsent and a refused "
+        "probe do not; an operator's retry starts again)",
         "count",
-        ("accept", "op_resolve", "pick", "put_back", "import"),
+        ("accept", "op_resolve", "pick", "put_back", "retry", "import"),
         "attempts",
     ),
     "due": Field(

@@ -181,6 +181,8 @@ class SqliteDeliveries:
         delay: float | None,
         attempt: dict[str, Any],
         origin: str = "",
+        *,
+        uncounted: bool = False,
     ) -> bool:
         delay_ms = None if delay is None else max(0, int(delay * 1000))
 
@@ -192,6 +194,8 @@ class SqliteDeliveries:
                 return True  # this very call, repeated
             if record.state is not State.IN_FLIGHT:
                 return False
+            # The pick counted it; an uncounted attempt is not one of the delivery's.
+            attempts = max(0, record.attempts - 1) if uncounted else record.attempts
             fx.changed.append((ref.digest, None))
             if delay_ms is not None:
                 due = now + delay_ms
@@ -204,6 +208,7 @@ class SqliteDeliveries:
                     lease_until_ms=0,
                     due_ms=due,
                     last_attempt=attempt,
+                    attempts=attempts,
                 )
                 self.rows.write(conn, after, record)
                 fx.due.append(Due(ref, due, now, origin))
@@ -218,6 +223,7 @@ class SqliteDeliveries:
                 lease_until_ms=0,
                 reason=reason,
                 last_attempt=attempt,
+                attempts=attempts,
             )
             self.rows.write(conn, after, record)
             return True

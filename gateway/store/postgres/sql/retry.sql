@@ -1,11 +1,13 @@
 -- The attempt of a run did not complete and may be repeated: schedule the next (and
 -- NOTIFY `!d`), or park the delivery when no attempt is left. $1 digest, $2 run_id,
--- $3 delay_ms (NULL: none left), $4 attempt (JSON), $5 origin, $6 reason (when parking).
+-- $3 delay_ms (NULL: none left), $4 attempt (JSON), $5 origin, $6 reason (when parking),
+-- $7 uncounted (the attempt is not the delivery's: its pick's count is taken back).
 -- Returns ok: done now, or this same call was done before (same attempt recorded).
 WITH t AS (SELECT gateway_now_ms() AS now),
 moved AS (
     UPDATE gateway_records r SET since_ms = t.now, lease_until_ms = 0, last_attempt = $4,
         state = CASE WHEN $3::bigint IS NULL THEN 'parked' ELSE 'retrying' END,
+        attempts = CASE WHEN $7::boolean THEN greatest(r.attempts - 1, 0) ELSE r.attempts END,
         due_ms = CASE WHEN $3::bigint IS NULL THEN r.due_ms ELSE t.now + $3 END,
         reason = CASE WHEN $3::bigint IS NULL THEN $6 ELSE r.reason END,
         history = r.history || jsonb_build_array(CASE WHEN $3::bigint IS NULL
