@@ -255,7 +255,7 @@ def test_record_names_are_hashed_and_tagged(ledger: Ledger) -> None:
             # user's key never reaches a Redis name.
             states = ("unresolved", "parked", "claimed", "queued", "retrying")
             indexes = [tag + "i:in_flight", *(f"{tag}i:{s}:{route}" for s in states)]
-            rest = [tag + "n", tag + "rq:" + digest, tag + "ls"]
+            rest = [tag + "n", tag + "rq:" + digest, tag + "ls", f"{tag}i:completed:{route}"]
             admitted = "idem:{q:" + route + "}:admitted"
             assert keys == [tag + digest, *indexes, *rest, admitted] and channel == tag + "c"
 

@@ -164,7 +164,8 @@ async def test_a_burst_past_a_cluster_pool_waits_for_connections(
                 store.last_successes,
                 store.check_reset,
                 store.stats,
-                lambda: store.list_records(frozenset(State)),
+                # Completed deliveries are listed by route; every other state at once.
+                lambda: store.list_records(frozenset(State) - {State.COMPLETED}),
             )
         ]
         await asyncio.wait_for(asyncio.gather(*calls), timeout=30)
