@@ -12,6 +12,7 @@ import functools
 import math
 import os
 from datetime import UTC, datetime
+from email.utils import formatdate
 from json.encoder import encode_basestring_ascii as _json_text
 from urllib.parse import quote
 
@@ -93,7 +94,7 @@ def first_delay_ms(route: Route, headers: list[tuple[str, str]], now: float) -> 
         when = http_date(value, now)
         if when is None:
             raise BadDeliveryTime(
-                f"{header} must be an HTTP-date, e.g. {_imf_fixdate(now + 3600)}.",
+                f"{header} must be an HTTP-date, e.g. {formatdate(now + 3600, usegmt=True)}.",
                 route=route.name,
                 header=header,
             )
@@ -121,11 +122,6 @@ def requested_delay(value: str) -> float | None:
         return parse_duration(value, allow_zero=True)
     except ValueError:  # finite digits past the longest duration (100 years)
         return math.inf
-
-
-def _imf_fixdate(at: float) -> str:
-    """`at` as an HTTP-date (IMF-fixdate), for an example in a refusal."""
-    return datetime.fromtimestamp(at, UTC).strftime("%a, %d %b %Y %H:%M:%S GMT")
 
 
 def delivery_ids() -> tuple[str, str]:
